@@ -1,0 +1,17 @@
+"""The one chat template and the one tool-call parser (a leaf package).
+
+Models, inference, envs and agents all import it; it imports none of them.
+"""
+
+from ale.chat.tool_calls import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ParsedCompletion,
+    ToolCall,
+    ToolCallError,
+    format_tool_call,
+    parse_tool_calls,
+    tool_schema_error,
+    tools_by_name,
+    validate_arguments,
+)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One-shot set-up on a fresh Debian/Ubuntu machine: Python venv with ale and its test
+# extra in ./.venv, the Docker engine, and the base sandbox image. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv python3-pip >/dev/null
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+echo "[setup] installing ale[test] into .venv" >&2
+.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -c 'import ale, jax, flax; print(f"[setup] ale {ale.__version__}, jax {jax.__version__}, flax {flax.__version__}")' >&2
+
+$SUDO bash scripts/docker_up.sh
