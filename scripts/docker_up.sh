@@ -12,7 +12,7 @@ need_root() { if [ "$(id -u)" != 0 ]; then log "must run as root (sudo bash $0)"
 
 # The one base-image recipe: packages installed into a Debian bookworm minbase.
 BASE_SUITE=bookworm
-BASE_PACKAGES="bash,coreutils,python3,python3-pytest,python3-pip,python3-venv,git,tmux,procps,sqlite3,jq,curl,ca-certificates,less,vim-tiny,nano,diffutils,findutils,grep,sed,gawk,patch,file,make,xz-utils,bzip2,gzip,tar,unzip,zip,tree,iproute2,iputils-ping,netcat-openbsd,psmisc,time,bc,locales,python3-yaml,python3-requests,python3-numpy,python3-pandas"
+BASE_PACKAGES="bash,coreutils,python3,python3-pytest,python3-pip,python3-venv,git,tmux,procps,sqlite3,jq,curl,ca-certificates,less,vim-tiny,nano,diffutils,findutils,grep,sed,gawk,patch,file,make,xz-utils,bzip2,gzip,tar,unzip,zip,tree,iproute2,iputils-ping,netcat-openbsd,psmisc,time,bc,locales,python3-yaml,python3-requests,python3-numpy,python3-pandas,python3-jsonschema"
 RECIPE_VERSION=2  # bump when the recipe's shell below changes
 RECIPE_HASH=$(printf '%s|%s|%s' "$BASE_SUITE" "$BASE_PACKAGES" "$RECIPE_VERSION" | sha256sum | cut -c1-12)
 BASE_TAG="ale/base:${RECIPE_HASH}"
@@ -34,7 +34,8 @@ fi
 
 if ! engine_up; then
   need_root
-  if [ -f /var/run/docker.pid ] && ! kill -0 "$(cat /var/run/docker.pid 2>/dev/null)" 2>/dev/null; then
+  pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+  if [ -f /var/run/docker.pid ] && { [ -z "$pid" ] || [ "$(cat /proc/$pid/comm 2>/dev/null)" != dockerd ]; }; then
     log "removing stale /var/run/docker.pid"
     rm -f /var/run/docker.pid
   fi

@@ -15,3 +15,19 @@ from ale.chat.tool_calls import (
     tools_by_name,
     validate_arguments,
 )
+from ale.chat.tokenizer import (  # noqa: E402
+    SPECIAL_TOKENS,
+    ByteTokenizer,
+    HFTokenizer,
+    StreamDecoder,
+    Tokenizer,
+    load_tokenizer,
+)
+from ale.chat.template import (  # noqa: E402
+    GENERATION_PROMPT,
+    STOP_TOKENS,
+    RenderedChat,
+    assistant_text,
+    render_chat,
+    stop_token_ids,
+)

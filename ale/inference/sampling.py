@@ -40,7 +40,7 @@ def request_key(seed: int) -> jax.Array:
 
 
 def sampling_logprobs(
-    logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
+  logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
 ) -> jax.Array:
   """Log-probs of the sampling distribution μ for each row (−inf outside its support).
 
@@ -66,7 +66,8 @@ def sampling_logprobs(
   masked = jnp.where(keep_sorted, sorted_logits, -jnp.inf)
   probs = jax.nn.softmax(masked, axis=-1)
   mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly better tokens
-  keep_sorted &= (mass_before < top_p[:, None].astype(jnp.float32)) | (rank == 0)
+  top_p = top_p[:, None].astype(jnp.float32)
+  keep_sorted &= (mass_before < top_p) | (top_p >= 1.0) | (rank == 0)
   masked = jnp.where(keep_sorted, sorted_logits, -jnp.inf)
   logp_sorted = jax.nn.log_softmax(masked, axis=-1)
   # Scatter back to vocabulary order.
@@ -75,12 +76,12 @@ def sampling_logprobs(
 
 
 def sample(
-    logits: jax.Array,
-    keys: jax.Array,
-    steps: jax.Array,
-    temperature: jax.Array,
-    top_p: jax.Array,
-    top_k: jax.Array,
+  logits: jax.Array,
+  keys: jax.Array,
+  steps: jax.Array,
+  temperature: jax.Array,
+  top_p: jax.Array,
+  top_k: jax.Array,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Samples one token per row.
 

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+ln -sfn /workspace/configs/prod.yaml /workspace/app/config.yaml

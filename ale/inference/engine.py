@@ -1,0 +1,439 @@
+"""A JetStream-style generation engine: prefill / insert / generate over decode slots.
+
+The engine owns nothing but compiled array programs; the orchestrator decides which
+request goes to which slot and when (continuous batching). Shapes are fixed so that
+nothing recompiles in steady state:
+
+* the decode state holds a preallocated KV cache for `max_concurrent_decodes` slots of
+  `max_seq_len` positions each (`[B, S, num_kv_heads, head_dim]` per layer);
+* prefill pads a prompt to the smallest of a fixed set of bucket lengths, so there is
+  one prefill and one insert program per bucket;
+* `generate` advances every slot by one token in one jitted call (free slots compute
+  junk that nobody reads) and returns all slots' results packed in ONE int32 array, so
+  the orchestrator makes one device-to-host transfer per step.
+
+Rollout workers report the log-prob μ of every sampled token (IPA's behaviour policy,
+E6/E10) and the policy version that produced it (async ratio, M2); `update_weights`
+swaps weights between steps without recompiling (same shapes, dtypes and shardings).
+
+Interface after JetStream's `engine_api.Engine` (google/JetStream, archived): the
+`google-jetstream` package itself is not a dependency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ale.inference import sampling as sampling_lib
+
+Params = Any  # an nnx.State (the model's variables)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+  """Per-request sampling settings (host side).
+
+  temperature <= 0 is greedy; top_k <= 0 and top_p >= 1 disable truncation.
+  """
+
+  temperature: float = sampling_lib.PAPER_TEMPERATURE
+  top_p: float = sampling_lib.PAPER_TOP_P
+  top_k: int = sampling_lib.PAPER_TOP_K
+  seed: int = 0
+
+  @classmethod
+  def greedy(cls) -> "SamplingParams":
+    return cls(temperature=0.0, top_p=1.0, top_k=0)
+
+  def validate(self) -> None:
+    if not (math.isfinite(self.temperature) and self.temperature >= 0):
+      raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+    if not (0 < self.top_p <= 1):
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+
+
+class Prefix(NamedTuple):
+  """The result of prefilling one request: its KV cache and its first sampled token.
+
+  `cache` leaves are `[1, L, ...]` for the prompt's bucket length L.
+  """
+
+  cache: Any
+  token: jax.Array  # [] int32, first sampled token
+  logp: jax.Array  # [] float32, log μ(token)
+  raw_logp: jax.Array  # [] float32, log π_model(token)
+  true_length: jax.Array  # [] int32, prompt length
+  key: jax.Array  # [2] uint32, the request's PRNG key
+  temperature: jax.Array  # [] float32
+  top_p: jax.Array  # [] float32
+  top_k: jax.Array  # [] int32
+
+
+class DecodeState(NamedTuple):
+  """Everything `generate` needs, one row per slot (`B = max_concurrent_decodes`)."""
+
+  cache: Any  # per layer k/v [B, S, num_kv_heads, head_dim]
+  tokens: jax.Array  # [B] int32, last sampled token (the next input)
+  lengths: jax.Array  # [B] int32, tokens already in the cache (= next input's position)
+  steps: jax.Array  # [B] int32, index of the next token to sample within its request
+  keys: jax.Array  # [B, 2] uint32
+  temperature: jax.Array  # [B] float32
+  top_p: jax.Array  # [B] float32
+  top_k: jax.Array  # [B] int32
+  active: jax.Array  # [B] bool
+
+
+# Columns of the packed per-step result array.
+_TOKEN, _LOGP, _RAW, _LENGTH, _ACTIVE = range(5)
+
+
+class ResultTokens(NamedTuple):
+  """One generate step's results for every slot, packed in a single `[B, 5]` int32 array.
+
+  Columns: token, log μ (float32 bits), raw log-prob (float32 bits), cache length after
+  the step, active flag. `to_host()` makes the one device-to-host transfer.
+  """
+
+  data: jax.Array
+
+  def to_host(self) -> "HostResults":
+    return HostResults.from_packed(np.asarray(jax.device_get(self.data)))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostResults:
+  """`ResultTokens` on the host, unpacked into named numpy arrays `[B]`."""
+
+  tokens: np.ndarray
+  logp: np.ndarray
+  raw_logp: np.ndarray
+  lengths: np.ndarray
+  active: np.ndarray
+
+  @classmethod
+  def from_packed(cls, data: np.ndarray) -> "HostResults":
+    data = np.ascontiguousarray(data, dtype=np.int32)
+    return cls(
+      tokens=data[:, _TOKEN].copy(),
+      logp=data[:, _LOGP].copy().view(np.float32),
+      raw_logp=data[:, _RAW].copy().view(np.float32),
+      lengths=data[:, _LENGTH].copy(),
+      active=data[:, _ACTIVE].astype(bool),
+    )
+
+
+def _bits(x: jax.Array) -> jax.Array:
+  return jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+
+
+def _default_init_cache():
+  try:
+    from ale.models import init_cache  # noqa: PLC0415
+  except ImportError:  # the package may not re-export it yet
+    from ale.models.qwen3_moe import init_cache  # noqa: PLC0415
+  return init_cache
+
+
+def default_buckets(max_prefill_length: int, smallest: int = 16) -> tuple[int, ...]:
+  """Powers of two from `smallest` up to and including `max_prefill_length`."""
+  out, b = [], smallest
+  while b < max_prefill_length:
+    out.append(b)
+    b *= 2
+  out.append(max_prefill_length)
+  return tuple(out)
+
+
+class Engine:
+  """Prefill / insert / generate over `max_concurrent_decodes` slots of one model.
+
+  Args:
+    model: a `Qwen3MoeForCausalLM` (any NNX module with its KV-cache call contract:
+      `logits, aux, cache = model(ids, positions=positions, cache=cache)`).
+    max_concurrent_decodes: number of decode slots B.
+    max_seq_len: positions per slot S (prompt + completion).
+    prefill_buckets: allowed padded prompt lengths (ascending); default powers of two
+      from 16 up to `max_seq_len`.
+    cache_dtype: KV-cache dtype (default: the model's activation dtype, else float32).
+    mesh: when the model is sharded over a mesh, the decode state is placed on it
+      (KV cache replicated unless `cache_sharding` says otherwise).
+    cache_sharding: optional `PartitionSpec` for the `[B, S, H, D]` cache leaves
+      (default under a mesh: `ale.models.sharding.cache_shardings`, batch over the
+      data axes and kv heads over `tensor`).
+    init_cache_fn: `init_cache(config, batch, max_len, dtype)`; default
+      `ale.models.init_cache`.
+    version: the policy version of the initial weights.
+    pad_id: token used to pad prompts to their bucket.
+  """
+
+  def __init__(
+    self,
+    model: nnx.Module,
+    *,
+    max_concurrent_decodes: int = 8,
+    max_seq_len: int = 1024,
+    prefill_buckets: Sequence[int] | None = None,
+    cache_dtype: Any = None,
+    mesh: jax.sharding.Mesh | None = None,
+    cache_sharding: jax.sharding.PartitionSpec | None = None,
+    init_cache_fn: Any = None,
+    version: int = 0,
+    pad_id: int = 0,
+  ):
+    if max_concurrent_decodes < 1:
+      raise ValueError(f"max_concurrent_decodes must be >= 1, got {max_concurrent_decodes}")
+    if init_cache_fn is None:
+      init_cache_fn = _default_init_cache()
+    self.config = model.config
+    self._init_cache = init_cache_fn
+    self.graphdef, params = nnx.split(model)
+    # Commit the weights to their current placement, so `update_weights` (which places
+    # new weights the same way) never changes what the compiled programs were built for.
+    self.params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, params))
+    self.version = version
+    self.max_concurrent_decodes = int(max_concurrent_decodes)
+    self.max_seq_len = int(max_seq_len)
+    buckets = tuple(sorted(set(prefill_buckets or default_buckets(self.max_seq_len))))
+    if buckets[-1] > self.max_seq_len:
+      raise ValueError(f"prefill bucket {buckets[-1]} exceeds max_seq_len {self.max_seq_len}")
+    self.prefill_buckets = buckets
+    self.cache_dtype = cache_dtype or getattr(model, "dtype", None) or jnp.float32
+    self.mesh = mesh
+    self.pad_id = int(pad_id)
+    struct = self._cache_struct(self.max_concurrent_decodes, self.max_seq_len)
+    if mesh is not None:
+      self._replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      if cache_sharding is not None:
+        one = jax.sharding.NamedSharding(mesh, cache_sharding)
+        self._cache_sharding = jax.tree.map(lambda _: one, struct)
+      else:  # the model's logical rules: batch over the data axes, kv heads over tensor
+        from ale.models.sharding import cache_shardings  # noqa: PLC0415
+
+        self._cache_sharding = cache_shardings(struct, mesh)
+    else:
+      dev = jax.tree.leaves(self.params)[0].sharding
+      self._replicated = dev
+      self._cache_sharding = jax.tree.map(lambda _: dev, struct)
+    self._state_sharding = self._decode_state_sharding()
+    self._prefill_fn = jax.jit(self._prefill_impl)
+    self._insert_fn = jax.jit(
+      self._insert_impl, donate_argnums=(1,), out_shardings=self._state_sharding
+    )
+    self._generate_fn = jax.jit(
+      self._generate_impl,
+      donate_argnums=(1,),
+      out_shardings=(self._state_sharding, self._replicated),
+    )
+    self._init_state_fn = None
+    self._free_fn = jax.jit(
+      self._free_impl, donate_argnums=(0,), out_shardings=self._state_sharding
+    )
+
+  # ------------------------------------------------------------------ shapes
+  @property
+  def max_prefill_length(self) -> int:
+    return self.prefill_buckets[-1]
+
+  def bucket_for(self, length: int) -> int:
+    """The smallest prefill bucket holding `length` tokens."""
+    if length < 1:
+      raise ValueError("prompt is empty; send at least one token")
+    for b in self.prefill_buckets:
+      if length <= b:
+        return b
+    raise ValueError(
+      f"prompt has {length} tokens but the longest prefill bucket is {self.max_prefill_length}; "
+      "shorten the prompt or start the engine with a larger max_seq_len"
+    )
+
+  def pad_tokens(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+    """Pads a prompt to its bucket: returns (`[L_bucket]` int32, true_length)."""
+    n = len(tokens)
+    padded = np.full((self.bucket_for(n),), self.pad_id, np.int32)
+    padded[:n] = np.asarray(tokens, np.int32)
+    return padded, n
+
+  def _cache_struct(self, batch: int, length: int):
+    return jax.eval_shape(lambda: self._init_cache(self.config, batch, length, self.cache_dtype))
+
+  def _decode_state_sharding(self) -> DecodeState:
+    r = self._replicated
+    return DecodeState(self._cache_sharding, r, r, r, r, r, r, r, r)
+
+  # ------------------------------------------------------------------ API
+  def init_decode_state(self) -> DecodeState:
+    """An empty decode state: preallocated cache, every slot free."""
+    b, s = self.max_concurrent_decodes, self.max_seq_len
+
+    def make():
+      return DecodeState(
+        cache=self._init_cache(self.config, b, s, self.cache_dtype),
+        tokens=jnp.zeros((b,), jnp.int32),
+        lengths=jnp.zeros((b,), jnp.int32),
+        steps=jnp.zeros((b,), jnp.int32),
+        keys=jnp.zeros((b, 2), jnp.uint32),
+        temperature=jnp.zeros((b,), jnp.float32),
+        top_p=jnp.ones((b,), jnp.float32),
+        top_k=jnp.zeros((b,), jnp.int32),
+        active=jnp.zeros((b,), bool),
+      )
+
+    if self._init_state_fn is None:
+      self._init_state_fn = jax.jit(make, out_shardings=self._state_sharding)
+    return self._init_state_fn()
+
+  def prefill(
+    self,
+    params: Params,
+    tokens: Sequence[int] | np.ndarray,
+    true_length: int | None = None,
+    *,
+    sampling: SamplingParams | None = None,
+  ) -> Prefix:
+    """Runs the prompt through the model and samples its first completion token.
+
+    Args:
+      params: model variables (`engine.params` or a same-shaped update).
+      tokens: `[L]` prompt ids, either already padded to a bucket length (then give
+        `true_length`) or unpadded (padded here).
+      true_length: number of real tokens in `tokens`.
+      sampling: how to sample (default: greedy).
+    """
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    if tokens.size == 0:
+      raise ValueError("prompt is empty; send at least one token")
+    if true_length is None:
+      true_length = len(tokens)
+    if not 1 <= true_length <= len(tokens):
+      raise ValueError(f"true_length {true_length} must be in [1, {len(tokens)}]")
+    if len(tokens) not in self.prefill_buckets:
+      tokens, _ = self.pad_tokens(tokens[:true_length])
+    if true_length >= self.max_seq_len:
+      raise ValueError(
+        f"prompt has {true_length} tokens, leaving no room to generate within max_seq_len "
+        f"{self.max_seq_len}"
+      )
+    sp = sampling or SamplingParams.greedy()
+    sp.validate()
+    return self._prefill_fn(
+      params,
+      tokens[None, :],
+      np.int32(true_length),
+      sampling_lib.request_key(sp.seed),
+      np.float32(sp.temperature),
+      np.float32(sp.top_p),
+      np.int32(sp.top_k),
+    )
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+    """Moves a prefilled request into decode slot `slot` (the old state is donated)."""
+    if not 0 <= slot < self.max_concurrent_decodes:
+      raise ValueError(f"slot {slot} out of range [0, {self.max_concurrent_decodes})")
+    return self._insert_fn(prefix, decode_state, np.int32(slot))
+
+  def generate(self, params: Params, decode_state: DecodeState) -> tuple[DecodeState, ResultTokens]:
+    """Advances every active slot by one token (one jitted call; state is donated)."""
+    return self._generate_fn(params, decode_state)
+
+  def free(self, decode_state: DecodeState, slot: int) -> DecodeState:
+    """Marks `slot` free; its cache rows are overwritten by the next insert."""
+    return self._free_fn(decode_state, np.int32(slot))
+
+  def update_weights(self, params: Params, version: int) -> None:
+    """Swaps in new weights (same structure, shapes and dtypes) for later steps.
+
+    The arrays are placed with the current weights' shardings, so nothing recompiles.
+    """
+    old = jax.tree.structure(self.params)
+    new = jax.tree.structure(params)
+    if old != new:
+      raise ValueError(f"update_weights got a different parameter tree: {new} vs {old}")
+    for a, b in zip(jax.tree.leaves(self.params), jax.tree.leaves(params), strict=True):
+      if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(
+          f"update_weights: a parameter changed from {a.dtype}{list(a.shape)} to "
+          f"{b.dtype}{list(b.shape)}; weights must keep shapes and dtypes"
+        )
+    shardings = jax.tree.map(lambda a: a.sharding, self.params)
+    self.params = jax.device_put(params, shardings)
+    self.version = int(version)
+
+  def compiled_programs(self) -> dict[str, int]:
+    """Number of compiled variants of each program (a steady state keeps these fixed)."""
+    return {
+      "prefill": self._prefill_fn._cache_size(),
+      "insert": self._insert_fn._cache_size(),
+      "generate": self._generate_fn._cache_size(),
+      "free": self._free_fn._cache_size(),
+    }
+
+  # ------------------------------------------------------------------ programs
+  def _model(self, params):
+    return nnx.merge(self.graphdef, params)
+
+  def _prefill_impl(self, params, tokens, true_length, key, temperature, top_p, top_k):
+    model = self._model(params)
+    length = tokens.shape[1]
+    cache = self._init_cache(self.config, 1, length, self.cache_dtype)
+    positions = jnp.arange(length, dtype=jnp.int32)[None, :]
+    logits, _, cache = model(tokens, positions=positions, cache=cache)
+    last = jax.lax.dynamic_index_in_dim(logits[0], true_length - 1, axis=0, keepdims=True)
+    token, logp, raw = sampling_lib.sample(
+      last,
+      key[None],
+      jnp.zeros((1,), jnp.int32),
+      temperature[None],
+      top_p[None],
+      top_k[None],
+    )
+    return Prefix(cache, token[0], logp[0], raw[0], true_length, key, temperature, top_p, top_k)
+
+  def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
+    def put(big, small):
+      start = (slot,) + (0,) * (big.ndim - 1)
+      return jax.lax.dynamic_update_slice(big, small.astype(big.dtype), start)
+
+    def at(row, value):
+      return row.at[slot].set(value)
+
+    return DecodeState(
+      cache=jax.tree.map(put, state.cache, prefix.cache),
+      tokens=at(state.tokens, prefix.token),
+      lengths=at(state.lengths, prefix.true_length),
+      steps=at(state.steps, 1),
+      keys=at(state.keys, prefix.key),
+      temperature=at(state.temperature, prefix.temperature),
+      top_p=at(state.top_p, prefix.top_p),
+      top_k=at(state.top_k, prefix.top_k),
+      active=at(state.active, True),
+    )
+
+  def _free_impl(self, state: DecodeState, slot):
+    return state._replace(active=state.active.at[slot].set(False))
+
+  def _generate_impl(self, params, state: DecodeState):
+    model = self._model(params)
+    positions = jnp.minimum(state.lengths, self.max_seq_len - 1)[:, None]
+    logits, _, cache = model(state.tokens[:, None], positions=positions, cache=state.cache)
+    tokens, logp, raw = sampling_lib.sample(
+      logits[:, -1], state.keys, state.steps, state.temperature, state.top_p, state.top_k
+    )
+    act = state.active
+    lengths = jnp.where(act, state.lengths + 1, state.lengths)
+    new_state = state._replace(
+      cache=cache,
+      tokens=jnp.where(act, tokens, state.tokens),
+      lengths=lengths,
+      steps=jnp.where(act, state.steps + 1, state.steps),
+    )
+    packed = jnp.stack([tokens, _bits(logp), _bits(raw), lengths, act.astype(jnp.int32)], axis=-1)
+    return new_state, ResultTokens(packed)

@@ -1,0 +1,315 @@
+"""The Qwen3-MoE policy (ROME's base architecture) in Flax NNX, top-down.
+
+    input_ids [B, T]
+      -> embed_tokens                                   [B, T, D]
+      -> num_hidden_layers x DecoderLayer:
+           h = h + Attention(RMSNorm(h))   GQA, per-head q/k RMSNorm, RoPE, causal
+                                           + segment mask, or a KV cache
+           h = h + MLP(RMSNorm(h))         SparseMoeBlock (softmax router, top-k,
+                                           SwiGLU experts) or a dense SwiGLU MLP on
+                                           mlp_only_layers / off decoder_sparse_step
+      -> RMSNorm -> lm_head (or tied embed^T)           [B, T, V]
+
+Numerically this is `transformers.Qwen3MoeForCausalLM` (parity tests in
+tests/models/test_parity.py). Every parameter carries logical axis names in its
+`out_sharding` metadata; `ale.models.sharding` maps them to a mesh.
+
+Two call modes:
+
+* full forward: `logits, aux = model(input_ids, positions=None, segment_ids=None)`.
+  Token t attends to tokens s <= t of the same row with the same segment id (packed
+  sequences); `positions` feed RoPE (default 0..T-1). Tokens with segment id 0 are
+  padding and are left out of the auxiliary loss.
+* KV cache: `logits, aux, cache = model(input_ids, positions=pos, cache=cache)` writes
+  token (b, t)'s k/v to cache slot `pos[b, t]` and attends to slots j <= pos[b, t].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ale.models import moe
+from ale.models.config import Qwen3MoeConfig
+from ale.models.sharding import constrain
+
+_ACT = ("batch", "seq", "act_embed")  # the residual stream [B, T, D]
+
+Cache = list[dict[str, jax.Array]]
+_NEG = -1e30
+_INIT_STD = 0.02  # transformers' initializer_range
+
+
+def _param(rngs: nnx.Rngs | None, shape, names, dtype, init="normal") -> nnx.Param:
+  """A parameter with logical axis names (`out_sharding` metadata, sharded later by rules)."""
+  if init == "ones":
+    value = jnp.ones(shape, dtype)
+  else:
+    value = (_INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, out_sharding=tuple(names), eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+  """`w * x / sqrt(mean(x^2) + eps)` with the statistics in float32."""
+
+  def __init__(self, dim: int, eps: float, *, param_dtype, dtype, axis: str = "norm"):
+    self.eps = eps
+    self.dtype = dtype
+    self.weight = _param(None, (dim,), (axis,), param_dtype, init="ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return (self.weight[...].astype(self.dtype) * xf.astype(x.dtype)).astype(self.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding (HF `rotate_half` layout). `x [B, T, H, hd]`, `positions [B, T]`."""
+  hd = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+  ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
+  cos = jnp.cos(ang)[:, :, None, :].astype(x.dtype)
+  sin = jnp.sin(ang)[:, :, None, :].astype(x.dtype)
+  x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention with per-head q/k RMSNorm and RoPE."""
+
+  def __init__(self, cfg: Qwen3MoeConfig, *, rngs, dtype, param_dtype):
+    d, h, g, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    self.cfg, self.dtype = cfg, dtype
+    self.q_proj = _param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), param_dtype)
+    self.k_proj = _param(rngs, (d, g, hd), ("embed", "kv_heads", "head_dim"), param_dtype)
+    self.v_proj = _param(rngs, (d, g, hd), ("embed", "kv_heads", "head_dim"), param_dtype)
+    self.o_proj = _param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), param_dtype)
+    kw = dict(param_dtype=param_dtype, dtype=dtype, axis="head_dim")
+    self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, **kw)
+    self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, **kw)
+
+  def __call__(self, x, positions, segment_ids, cache: dict[str, jax.Array] | None):
+    cfg, dt = self.cfg, self.dtype
+    b, t, _ = x.shape
+    g, r = cfg.num_key_value_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    q = self.q_norm(jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dt)))
+    k = self.k_norm(jnp.einsum("btd,dgk->btgk", x, self.k_proj[...].astype(dt)))
+    v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...].astype(dt))
+    q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+
+    if cache is None:
+      keys, values = k, v
+      idx = jnp.arange(t)
+      mask = (idx[None, :, None] >= idx[None, None, :]) & (
+        segment_ids[:, :, None] == segment_ids[:, None, :]
+      )  # [B, T, S]
+    else:
+      rows = jnp.arange(b)[:, None]
+      keys = cache["k"].at[rows, positions].set(k.astype(cache["k"].dtype), mode="drop")
+      values = cache["v"].at[rows, positions].set(v.astype(cache["v"].dtype), mode="drop")
+      cache = {"k": keys, "v": values}
+      keys, values = keys.astype(dt), values.astype(dt)
+      mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+
+    # Fold the r query heads sharing a kv head into the query axis: one batched matmul
+    # per (b, kv head) over r*T queries (faster on XLA:CPU than a 2-free-dim einsum).
+    hd = cfg.head_dim
+    q = q.reshape(b, t, g, r, hd).transpose(0, 2, 3, 1, 4).reshape(b, g, r * t, hd)
+    keys, values = keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)  # [B, G, S, hd]
+    scores = jnp.einsum("bgqk,bgsk->bgqs", q, keys).astype(jnp.float32) * (hd**-0.5)
+    mask = jnp.tile(mask, (1, r, 1))[:, None]  # [B, 1, r*T, S]
+    probs = jax.nn.softmax(jnp.where(mask, scores, _NEG), axis=-1).astype(dt)
+    o = jnp.einsum("bgqs,bgsk->bgqk", probs, values)  # [B, G, r*T, hd]
+    o = o.reshape(b, g, r, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, -1, hd)
+    return jnp.einsum("bthk,hkd->btd", o, self.o_proj[...].astype(dt)), cache
+
+
+class MLP(nnx.Module):
+  """Dense SwiGLU MLP (layers in mlp_only_layers or off decoder_sparse_step)."""
+
+  def __init__(self, cfg: Qwen3MoeConfig, *, rngs, dtype, param_dtype):
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    self.dtype = dtype
+    self.gate_proj = _param(rngs, (d, f), ("embed", "mlp"), param_dtype)
+    self.up_proj = _param(rngs, (d, f), ("embed", "mlp"), param_dtype)
+    self.down_proj = _param(rngs, (f, d), ("mlp", "embed"), param_dtype)
+
+  def __call__(self, x, valid):
+    dt = self.dtype
+    h = jax.nn.silu(x @ self.gate_proj[...].astype(dt)) * (x @ self.up_proj[...].astype(dt))
+    return h @ self.down_proj[...].astype(dt), None
+
+
+class SparseMoeBlock(nnx.Module):
+  """Softmax router, top-k (renormalised when norm_topk_prob), SwiGLU experts, dropless."""
+
+  def __init__(self, cfg: Qwen3MoeConfig, *, rngs, dtype, param_dtype):
+    d, f, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    self.cfg, self.dtype = cfg, dtype
+    self.gate = _param(rngs, (d, e), ("embed", "router"), param_dtype)  # router
+    self.experts_gate_proj = _param(rngs, (e, d, f), ("expert", "embed", "moe_mlp"), param_dtype)
+    self.experts_up_proj = _param(rngs, (e, d, f), ("expert", "embed", "moe_mlp"), param_dtype)
+    self.experts_down_proj = _param(rngs, (e, f, d), ("expert", "moe_mlp", "embed"), param_dtype)
+
+  def __call__(self, x, valid, impl: str | None = None):
+    cfg, dt = self.cfg, self.dtype
+    b, t, d = x.shape
+    xf = constrain(x.reshape(b * t, d), ("batch", "act_embed"))
+    routing = moe.route(
+      xf @ self.gate[...].astype(dt), cfg.num_experts_per_tok, cfg.norm_topk_prob, dt
+    )
+    y = moe.dispatch(
+      impl or cfg.moe_impl,
+      xf,
+      routing,
+      self.experts_gate_proj[...].astype(dt),
+      self.experts_up_proj[...].astype(dt),
+      self.experts_down_proj[...].astype(dt),
+      cfg.moe_block_size,
+    )
+    stats = moe.router_stats(routing, cfg.num_experts, None if valid is None else valid.reshape(-1))
+    return y.reshape(b, t, d), stats
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, cfg: Qwen3MoeConfig, layer_idx: int, *, rngs, dtype, param_dtype):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.is_moe = cfg.is_moe_layer(layer_idx)
+    self.input_layernorm = RMSNorm(
+      cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype, dtype=dtype
+    )
+    self.self_attn = Attention(cfg, **kw)
+    self.post_attention_layernorm = RMSNorm(
+      cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype, dtype=dtype
+    )
+    self.mlp = SparseMoeBlock(cfg, **kw) if self.is_moe else MLP(cfg, **kw)
+
+  def __call__(self, h, positions, segment_ids, valid, cache, moe_impl=None):
+    a, cache = self.self_attn(self.input_layernorm(h), positions, segment_ids, cache)
+    h = h + a
+    x = self.post_attention_layernorm(h)
+    m, stats = self.mlp(x, valid, moe_impl) if self.is_moe else self.mlp(x, valid)
+    return h + m, stats, cache
+
+
+class Qwen3MoeForCausalLM(nnx.Module):
+  """Qwen3-MoE causal LM. See the module docstring for the call modes."""
+
+  def __init__(
+    self,
+    config: Qwen3MoeConfig,
+    *,
+    rngs: nnx.Rngs,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+  ):
+    cfg = config
+    self.config, self.dtype = cfg, dtype
+    self.embed_tokens = _param(
+      rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), param_dtype
+    )
+    self.layers = nnx.List(
+      [
+        DecoderLayer(cfg, i, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        for i in range(cfg.num_hidden_layers)
+      ]
+    )
+    self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype, dtype=dtype)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = _param(
+        rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), param_dtype
+      )
+
+  # -- pieces ------------------------------------------------------------------------
+
+  def hidden_states(
+    self,
+    input_ids: jax.Array,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    cache: Cache | None = None,
+    moe_impl: str | None = None,
+  ) -> tuple[jax.Array, jax.Array, Cache | None]:
+    """Final-norm hidden states `[B, T, D]`, the aux loss `[]`, and the updated cache."""
+    cfg = self.config
+    if input_ids.ndim != 2:
+      raise ValueError(f"input_ids must be [B, T], got shape {input_ids.shape}")
+    b, t = input_ids.shape
+    if positions is None:
+      if cache is not None:
+        raise ValueError(
+          "a KV-cache call needs explicit positions [B, T] (the cache slot of each token)"
+        )
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if cache is not None and segment_ids is not None:
+      raise ValueError("segment_ids are not supported with a KV cache; give one sequence per row")
+    if cache is not None and len(cache) != cfg.num_hidden_layers:
+      raise ValueError(f"cache has {len(cache)} layers, the model has {cfg.num_hidden_layers}")
+    valid = None if segment_ids is None else segment_ids != 0
+    if segment_ids is None and cache is None:
+      segment_ids = jnp.ones((b, t), jnp.int32)
+
+    h = constrain(self.embed_tokens[...].astype(self.dtype)[input_ids], _ACT)
+    stats = moe.RouterStats.zeros(max(cfg.num_experts, 1))
+    new_cache: Cache | None = [] if cache is not None else None
+    for i, layer in enumerate(self.layers):
+      layer_cache = None if cache is None else cache[i]
+      if cfg.remat and cache is None:
+        fn = nnx.remat(lambda lyr, *a: lyr(*a, moe_impl=moe_impl))
+        h, s, c = fn(layer, h, positions, segment_ids, valid, layer_cache)
+      else:
+        h, s, c = layer(h, positions, segment_ids, valid, layer_cache, moe_impl)
+      h = constrain(h, _ACT)
+      if s is not None:
+        stats = stats + s
+      if new_cache is not None:
+        new_cache.append(c)
+    h = self.norm(h)
+    aux = moe.aux_loss_from_stats(stats, max(cfg.num_experts, 1))
+    return h, aux, new_cache
+
+  def unembed(self, h: jax.Array) -> jax.Array:
+    """Logits in float32 from hidden states `[..., D]` -> `[..., V]`."""
+    if self.config.tie_word_embeddings:
+      w = self.embed_tokens[...].astype(self.dtype).T
+    else:
+      w = self.lm_head[...].astype(self.dtype)
+    logits = (h @ w).astype(jnp.float32)
+    if logits.ndim == 3:
+      logits = constrain(logits, ("batch", "seq", "vocab"))
+    return logits
+
+  def __call__(
+    self,
+    input_ids: jax.Array,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    cache: Cache | None = None,
+    moe_impl: str | None = None,
+  ):
+    """`input_ids [B, T]` int32 -> `(logits [B, T, V] float32, aux_loss [])`, plus the
+    updated cache when `cache` is given. `aux_loss` is unscaled (multiply by
+    `config.router_aux_loss_coef` in the loss), as transformers' `aux_loss`."""
+    h, aux, new_cache = self.hidden_states(input_ids, positions, segment_ids, cache, moe_impl)
+    logits = self.unembed(h)
+    if cache is None:
+      return logits, aux
+    return logits, aux, new_cache
+
+
+def init_cache(
+  config: Qwen3MoeConfig, batch_size: int, max_len: int, dtype: Any = jnp.float32
+) -> Cache:
+  """An empty KV cache: per layer `{"k", "v"}` arrays `[B, S, num_kv_heads, head_dim]`."""
+  shape = (batch_size, max_len, config.num_key_value_heads, config.head_dim)
+  return [
+    {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    for _ in range(config.num_hidden_layers)
+  ]
+
+
+def count_params(model: nnx.Module) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

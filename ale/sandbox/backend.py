@@ -1,0 +1,502 @@
+"""Docker backend: one worker host (engine) of the sandbox service (ROCK, PAPER.md).
+
+Turns a `SandboxSpec` into a locked-down container and runs commands in it:
+
+* isolation defaults: `CapDrop=ALL`, `no-new-privileges`, non-root uid 1000, read-only
+  root with size-limited tmpfs `/workspace` and `/tmp`, CPU/memory(no swap)/pids limits,
+  network `none`, no mounts from the host, an init (`docker-init`) as PID 1;
+* exec: the command runs under `timeout -s KILL`, which makes itself a process-group
+  leader and kills the whole group at the deadline without forking anything new (so a
+  fork bomb cannot block the kill); every process carries a per-exec marker in its
+  environment, and after a timeout a sweep kills marked processes that left the group
+  (`setsid`, double forks); a service-side deadline backs both up;
+* files move through exec stdin/stdout (`cat`, `tar`), which works on read-only roots
+  with tmpfs mounts where the archive API refuses;
+* commit snapshots the container and stashes the tmpfs `/workspace` inside the image,
+  restored when a sandbox is created `from_snapshot` (M6 chunk-level resampling needs
+  the environment state at a prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import random
+import secrets
+import socket
+import struct
+import tarfile
+import time
+from typing import Any
+
+from ale.sandbox import egress
+from ale.sandbox.engine import Engine, EngineError
+from ale.sandbox.spec import (
+  BASE_IMAGE,
+  DEFAULT_USER,
+  BadRequest,
+  ExecResult,
+  NotFound,
+  SandboxError,
+  SandboxSpec,
+)
+
+log = logging.getLogger("ale.sandbox")
+
+LABEL = "ale.sandbox"  # every object we create carries LABEL=1
+L_SERVICE = "ale.sandbox.service"
+L_OWNER_HOST = "ale.sandbox.owner_host"
+L_OWNER_PID = "ale.sandbox.owner_pid"
+L_ROLE = "ale.sandbox.role"  # sandbox | pool | rocklet | network | commit
+L_ID = "ale.sandbox.id"
+L_SPEC = "ale.sandbox.spec"
+L_DEADLINE = "ale.sandbox.deadline"
+SNAPSHOT_LABEL = "ale.snapshot"
+SNAPSHOT_STASH = "/.ale-snapshot/workspace.tar"
+
+# Kills every process whose environment carries ALE_EXEC_ID=$1 (run as the exec's user).
+_SWEEP = (
+  'for p in /proc/[0-9]*; do n=${p#/proc/}; [ "$n" = "$$" ] && continue; '
+  'if tr "\\000" "\\n" < "$p/environ" 2>/dev/null | grep -qx "ALE_EXEC_ID=$1"; then kill -9 "$n" 2>/dev/null; fi; '
+  "done; true"
+)
+_READ = 'if [ -d "$1" ]; then echo D >&2; exec tar -C "$1" -cf - .; else exec cat -- "$1"; fi'
+_WRITE = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" -- "$1"'
+_PUT_DIR = 'mkdir -p -- "$1" && exec tar -x --no-same-owner --no-same-permissions -m -C "$1" -f -'
+_RESTORE = f'[ -f {SNAPSHOT_STASH} ] && tar -x -C /workspace -f {SNAPSHOT_STASH}; true'
+
+
+def demux(payload: bytes) -> tuple[bytes, bytes]:
+  """Splits a multiplexed (non-TTY) log/attach stream into (stdout, stderr)."""
+  out, err, i = bytearray(), bytearray(), 0
+  while i + 8 <= len(payload):
+    kind, size = payload[i], struct.unpack(">I", payload[i + 4 : i + 8])[0]
+    (err if kind == 2 else out).extend(payload[i + 8 : i + 8 + size])
+    i += 8 + size
+  return bytes(out), bytes(err)
+
+
+def owner_labels(service: str) -> dict[str, str]:
+  return {LABEL: "1", L_SERVICE: service, L_OWNER_HOST: socket.gethostname(), L_OWNER_PID: str(os.getpid())}
+
+
+class DockerBackend:
+  """One Docker engine. All methods are coroutines on the service's event loop."""
+
+  def __init__(self, url: str = "unix:///var/run/docker.sock", *, name: str | None = None):
+    self.url = url
+    self.name = name or url
+    self.engine = Engine(url)
+    self.ncpu = 0
+    self.mem_total = 0
+    self._has_timeout: dict[str, bool] = {}
+    self._image_ids: dict[str, str] = {}
+
+  async def open(self) -> None:
+    info = await self.engine.request("GET", "/info", timeout=30)
+    self.ncpu = int(info.get("NCPU") or os.cpu_count() or 1)
+    self.mem_total = int(info.get("MemTotal") or 0)
+
+  async def close(self) -> None:
+    await self.engine.close()
+
+  async def ping(self) -> bool:
+    try:
+      await self.engine.request("GET", "/_ping", timeout=5, raw=True)
+      return True
+    except Exception:
+      return False
+
+  # ---------------------------------------------------------------- images
+
+  async def image_id(self, image: str) -> str:
+    """The image's id; NotFound (404) when the engine does not have it (nothing is pulled)."""
+    try:
+      info = await self.engine.request("GET", f"/images/{image}/json", timeout=30)
+    except EngineError as e:
+      if e.status == 404:
+        raise NotFound(
+          f"image {image!r} is not on engine {self.name}; build it (ale.sandbox.build_image) "
+          f"or run scripts/docker_up.sh for {BASE_IMAGE} — images are never pulled"
+        ) from None
+      raise
+    return info["Id"]
+
+  # ---------------------------------------------------------------- containers
+
+  def container_config(
+    self, spec: SandboxSpec, labels: dict[str, str], *, network_mode: str = "none", extra_hosts=(), extra_env=None
+  ) -> dict[str, Any]:
+    env = dict(spec.env)
+    if spec.read_only and spec.user not in ("root", "0", "0:0") and "HOME" not in env:
+      env["HOME"] = "/tmp"  # the image's home is read-only
+    for k, v in (extra_env or {}).items():
+      env.setdefault(k, v)
+    disk = f"size={spec.disk_mb}m"
+    tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,{disk},mode=1777"}
+    if spec.read_only:
+      uid_opts = ",uid=1000,gid=1000" if spec.user is None else ""
+      tmpfs["/workspace"] = f"rw,exec,nosuid,nodev,{disk},mode=0755{uid_opts}"
+    host = {
+      "NanoCpus": int(spec.cpus * 1e9),
+      "Memory": spec.memory_mb << 20,
+      "MemorySwap": spec.memory_mb << 20,
+      "PidsLimit": spec.pids,
+      "CapDrop": ["ALL"],
+      "SecurityOpt": ["no-new-privileges"],
+      "ReadonlyRootfs": spec.read_only,
+      "Tmpfs": tmpfs,
+      "NetworkMode": network_mode,
+      "Init": True,
+      "IpcMode": "private",
+      "Privileged": False,
+      "ShmSize": 64 << 20,
+      "ExtraHosts": list(extra_hosts),
+      "Ulimits": [{"Name": "nofile", "Soft": 4096, "Hard": 4096}],
+    }
+    return {
+      "Image": spec.from_snapshot or spec.image,
+      "Entrypoint": ["sleep"],
+      "Cmd": ["infinity"],
+      "User": DEFAULT_USER if spec.user is None else spec.user,
+      "Env": [f"{k}={v}" for k, v in env.items()],
+      "WorkingDir": spec.workdir,
+      "Hostname": "sandbox",
+      "Labels": labels,
+      "Tty": False,
+      "OpenStdin": False,
+      "AttachStdin": False,
+      "NetworkDisabled": network_mode == "none",
+      "HostConfig": host,
+      "StopSignal": "SIGKILL",
+    }
+
+  async def create_container(
+    self, spec: SandboxSpec, name: str, labels: dict[str, str], *, service: str
+  ) -> dict[str, Any]:
+    """Creates and starts the sandbox (and its Rocklet when allowlisted).
+
+    Returns {"container": id, "network": id|None, "rocklet": id|None}. On any failure
+    everything created so far is removed before the error propagates.
+    """
+    await self.image_id(spec.from_snapshot or spec.image)
+    made: dict[str, Any] = {"container": None, "network": None, "rocklet": None}
+    try:
+      extra_hosts, extra_env, mode = [], {}, "none"
+      if spec.network == "allowlist":
+        net_id, rocklet_id, rocklet_ip = await self._start_rocklet(spec, name, labels, service=service)
+        made["network"], made["rocklet"] = net_id, rocklet_id
+        extra_hosts, extra_env = egress.sandbox_network_settings(spec.allow, rocklet_ip)
+        mode = net_id
+      cfg = self.container_config(spec, labels, network_mode=mode, extra_hosts=extra_hosts, extra_env=extra_env)
+      try:
+        res = await self.engine.request("POST", "/containers/create", params={"name": name}, json_body=cfg)
+      except EngineError as e:
+        if e.status in (400, 404):
+          raise BadRequest(f"engine refused the sandbox config: {e.message}") from None
+        raise
+      made["container"] = res["Id"]
+      await self.engine.request("POST", f"/containers/{res['Id']}/start")
+      if spec.from_snapshot:
+        r = await self.exec(res["Id"], ["sh", "-c", _RESTORE], timeout_s=120, image=spec.from_snapshot)
+        if r.exit_code != 0:
+          raise SandboxError(f"restoring snapshot {spec.from_snapshot!r} failed: {r.stderr.strip()}")
+      return made
+    except BaseException:
+      await self.remove(made)
+      raise
+
+  async def _start_rocklet(self, spec, name, labels, *, service) -> tuple[str, str, str]:
+    net_labels = {**labels, L_ROLE: "network"}
+    net_id, subnet = None, None
+    for _ in range(20):
+      a, b = random.randrange(256), random.randrange(0, 256, 16)
+      subnet = (f"10.213.{a}.{b}/28", f"10.213.{a}.{b + 1}", f"10.213.{a}.{b + 2}")
+      try:
+        r = await self.engine.request(
+          "POST",
+          "/networks/create",
+          json_body={
+            "Name": f"{name}-net",
+            "Driver": "bridge",
+            "Internal": True,
+            "CheckDuplicate": True,
+            "Labels": net_labels,
+            # No host address on the bridge: the sandbox cannot reach the host at all.
+            "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"},
+            "IPAM": {"Driver": "default", "Config": [{"Subnet": subnet[0], "Gateway": subnet[1]}]},
+          },
+        )
+        net_id = r["Id"]
+        break
+      except EngineError as e:
+        if "overlap" not in e.message.lower():
+          raise
+    if net_id is None:
+      raise SandboxError("could not find a free /28 in 10.213.0.0/16 for the sandbox network")
+    rocklet_ip = subnet[2]
+    try:
+      cfg_json = json.dumps(egress.rocklet_config(spec.allow))
+      rspec = SandboxSpec(image=BASE_IMAGE, cpus=0.25, memory_mb=64, pids=64, disk_mb=1)
+      cfg = self.container_config(rspec, {**labels, L_ROLE: "rocklet"}, network_mode="bridge")
+      cfg.update(Entrypoint=["python3", "-u", "-c", egress.ROCKLET_SCRIPT, cfg_json], Cmd=[], NetworkDisabled=False)
+      cfg["HostConfig"]["Init"] = True
+      cfg["NetworkingConfig"] = {}
+      r = await self.engine.request("POST", "/containers/create", params={"name": f"{name}-rocklet"}, json_body=cfg)
+      rid = r["Id"]
+      await self.engine.request(
+        "POST",
+        f"/networks/{net_id}/connect",
+        json_body={"Container": rid, "EndpointConfig": {"IPAMConfig": {"IPv4Address": rocklet_ip}}},
+      )
+      # Readiness is event-driven: follow its log until it prints its "ready" line.
+      logs = asyncio.ensure_future(self._wait_ready(rid))
+      await asyncio.sleep(0)
+      await self.engine.request("POST", f"/containers/{rid}/start")
+      await asyncio.wait_for(logs, 30)
+      return net_id, rid, rocklet_ip
+    except BaseException:
+      await self._remove_network(net_id)
+      raise
+
+  async def _wait_ready(self, cid: str) -> None:
+    # The attach endpoint streams from the start, so nothing is missed even if the
+    # Rocklet is ready before we listen.
+    async with self.engine._session.post(
+      self.engine._url(f"/containers/{cid}/attach"),
+      params={"stream": "1", "stdout": "1", "stderr": "1", "logs": "1"},
+    ) as resp:
+      buf = b""
+      async for chunk in resp.content.iter_any():
+        buf += chunk
+        if b'"event": "ready"' in buf:
+          return
+    raise SandboxError(f"the Rocklet exited before it was ready: {demux(buf)}")
+
+  async def rocklet_events(self, rocklet_id: str) -> list[dict]:
+    raw = await self.engine.request(
+      "GET", f"/containers/{rocklet_id}/logs", params={"stdout": "1", "stderr": "1"}, raw=True
+    )
+    out, _ = demux(raw)
+    return egress.parse_rocklet_log(out.decode(errors="replace"))
+
+  async def rename(self, cid: str, name: str) -> None:
+    await self.engine.request("POST", f"/containers/{cid}/rename", params={"name": name})
+
+  async def _remove_network(self, net_id: str | None) -> None:
+    if not net_id:
+      return
+    try:
+      await self.engine.request("DELETE", f"/networks/{net_id}")
+    except EngineError as e:
+      if e.status != 404:
+        log.warning("removing network %s: %s", net_id, e)
+
+  async def remove_container(self, cid: str | None) -> None:
+    if not cid:
+      return
+    try:
+      await self.engine.request("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
+    except EngineError as e:
+      if e.status not in (404, 409):
+        raise
+
+  async def remove(self, made: dict[str, Any]) -> None:
+    """Removes a sandbox's container, Rocklet and network (each may be None)."""
+    await asyncio.gather(self.remove_container(made.get("container")), self.remove_container(made.get("rocklet")))
+    await self._remove_network(made.get("network"))
+
+  async def inspect(self, cid: str) -> dict[str, Any]:
+    return await self.engine.request("GET", f"/containers/{cid}/json", timeout=30)
+
+  async def usage(self, cid: str) -> dict[str, Any]:
+    """CPU seconds, memory bytes and block I/O bytes of a running container."""
+    s = await self.engine.request("GET", f"/containers/{cid}/stats", params={"stream": "false", "one-shot": "true"})
+    blk = (s.get("blkio_stats") or {}).get("io_service_bytes_recursive") or []
+    mem = s.get("memory_stats") or {}
+    return {
+      "cpu_s": (s.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0)) / 1e9,
+      "memory_bytes": mem.get("usage", 0),
+      "memory_limit_bytes": mem.get("limit", 0),
+      "pids": (s.get("pids_stats") or {}).get("current", 0),
+      "io_read_bytes": sum(e.get("value", 0) for e in blk if e.get("op", "").lower() == "read"),
+      "io_write_bytes": sum(e.get("value", 0) for e in blk if e.get("op", "").lower() == "write"),
+    }
+
+  async def list_ours(self, kind: str = "containers") -> list[dict[str, Any]]:
+    path = "/containers/json" if kind == "containers" else "/networks"
+    params = {"filters": {"label": [f"{LABEL}=1"]}}
+    if kind == "containers":
+      params["all"] = "true"
+    return await self.engine.request("GET", path, params=params)
+
+  # ---------------------------------------------------------------- exec
+
+  async def _timeout_available(self, cid: str, image: str | None) -> bool:
+    key = image or cid
+    if key not in self._has_timeout:
+      r = await self._exec_raw(cid, ["sh", "-c", "command -v timeout >/dev/null"], env={}, cap=1024)
+      self._has_timeout[key] = r[0] == 0
+    return self._has_timeout[key]
+
+  async def _exec_raw(
+    self, cid, argv, *, env, cwd=None, stdin=None, cap, user=None
+  ) -> tuple[int, bytes, bytes, bool]:
+    body = {
+      "AttachStdin": stdin is not None,
+      "AttachStdout": True,
+      "AttachStderr": True,
+      "Tty": False,
+      "Cmd": argv,
+      "Env": [f"{k}={v}" for k, v in env.items()],
+    }
+    if cwd:
+      body["WorkingDir"] = cwd
+    if user:
+      body["User"] = user
+    try:
+      ex = await self.engine.request("POST", f"/containers/{cid}/exec", json_body=body)
+    except EngineError as e:
+      if e.status == 404:
+        raise NotFound(f"sandbox container {cid[:12]} is gone") from None
+      if e.status == 409:
+        raise SandboxError(f"sandbox container {cid[:12]} is not running: {e.message}", status=409) from None
+      raise
+    out, err, trunc = await self.engine.exec_start(ex["Id"], stdin=stdin, cap=cap)
+    return await self._exit_code(ex["Id"]), out, err, trunc
+
+  async def _exit_code(self, exec_id: str) -> int:
+    for _ in range(200):
+      info = await self.engine.request("GET", f"/exec/{exec_id}/json")
+      if not info.get("Running") and info.get("ExitCode") is not None:
+        return int(info["ExitCode"])
+      await asyncio.sleep(0.005)  # rare: the stream closed a moment before the exit was recorded
+    return -1
+
+  async def exec(
+    self,
+    cid: str,
+    cmd: str | list[str],
+    *,
+    timeout_s: float = 60.0,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
+    cap: int = 1 << 20,
+    image: str | None = None,
+  ) -> ExecResult:
+    """Runs cmd (str: `bash -c cmd`; list: argv) with a deadline; see module docstring."""
+    if isinstance(cmd, str):
+      argv = ["bash", "-c", cmd]
+    elif isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd):
+      argv = list(cmd)
+    else:
+      raise BadRequest(f"cmd must be a non-empty string or a list of strings, got {cmd!r}")
+    if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
+      raise BadRequest(f"timeout_s must be a number in (0, 86400], got {timeout_s!r}")
+    marker = secrets.token_hex(8)
+    envd = {**(env or {}), "ALE_EXEC_ID": marker}
+    inner = await self._timeout_available(cid, image)
+    if inner:
+      argv = ["timeout", "-s", "KILL", f"{timeout_s:.3f}", *argv]
+    t0 = time.monotonic()
+    task = asyncio.ensure_future(self._exec_raw(cid, argv, env=envd, cwd=cwd, stdin=stdin, cap=cap))
+    done, _ = await asyncio.wait({task}, timeout=timeout_s + (0.5 if inner else 0.0))
+    service_timeout = not done
+    if service_timeout:
+      await self._sweep(cid, marker)
+      done, _ = await asyncio.wait({task}, timeout=10)
+      if not done:
+        task.cancel()
+        log.warning("exec in %s did not end after its process group was killed", cid[:12])
+        return ExecResult(137, "", "", True, False, time.monotonic() - t0)
+    code, out, err, trunc = task.result()
+    dt = time.monotonic() - t0
+    timed_out = service_timeout or (inner and code in (124, 137) and dt >= timeout_s * 0.98)
+    if timed_out and not service_timeout:
+      await self._sweep(cid, marker)
+    return ExecResult(
+      exit_code=code,
+      stdout=out.decode(errors="replace"),
+      stderr=err.decode(errors="replace"),
+      timed_out=bool(timed_out),
+      truncated=trunc,
+      duration_s=dt,
+    )
+
+  async def _sweep(self, cid: str, marker: str) -> None:
+    try:
+      await asyncio.wait_for(self._exec_raw(cid, ["sh", "-c", _SWEEP, "sweep", marker], env={}, cap=4096), 10)
+    except Exception as e:  # pids exhausted, container gone: the service reports it
+      log.warning("sweep of exec %s in %s failed: %r", marker, cid[:12], e)
+
+  # ---------------------------------------------------------------- files
+
+  async def read(self, cid: str, path: str, *, cap: int = 1 << 30) -> tuple[bytes, bool]:
+    """(bytes, is_dir): a file's bytes, or a tar stream of a directory."""
+    code, out, err, trunc = await self._exec_raw(cid, ["sh", "-c", _READ, "read", path], env={}, cap=cap)
+    is_dir = err.startswith(b"D\n")
+    if code != 0:
+      msg = (err[2:] if is_dir else err).decode(errors="replace").strip()
+      if "No such file" in msg:
+        raise NotFound(f"{path}: no such file or directory in the sandbox")
+      raise BadRequest(f"reading {path} failed: {msg}")
+    if trunc:
+      raise BadRequest(f"{path} is larger than the read cap of {cap} bytes")
+    return out, is_dir
+
+  async def write(self, cid: str, path: str, data: bytes, mode: int = 0o644) -> None:
+    if not path.startswith("/"):
+      raise BadRequest(f"path must be absolute, got {path!r}")
+    code, _, err, _ = await self._exec_raw(
+      cid, ["sh", "-c", _WRITE, "write", path, format(mode, "o")], env={}, stdin=data, cap=65536
+    )
+    if code != 0:
+      raise BadRequest(f"writing {path} failed: {err.decode(errors='replace').strip()}")
+
+  async def put_tar(self, cid: str, remote_dir: str, tar_bytes: bytes) -> None:
+    if not remote_dir.startswith("/"):
+      raise BadRequest(f"remote_dir must be absolute, got {remote_dir!r}")
+    code, _, err, _ = await self._exec_raw(
+      cid, ["sh", "-c", _PUT_DIR, "put", remote_dir], env={}, stdin=tar_bytes, cap=65536
+    )
+    if code != 0:
+      raise BadRequest(f"extracting into {remote_dir} failed: {err.decode(errors='replace').strip()}")
+
+  # ---------------------------------------------------------------- commit
+
+  async def commit(self, cid: str, tag: str | None, labels: dict[str, str]) -> str:
+    """Snapshots the sandbox to an image (tmpfs /workspace stashed inside); returns its tag."""
+    ws, _ = await self.read(cid, "/workspace")
+    tag = tag or f"ale/snapshot:{secrets.token_hex(6)}"
+    repo, _, ver = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
+    stage = await self.engine.request(
+      "POST", "/commit", params={"container": cid, "pause": "false"}, json_body={"Labels": {**labels, L_ROLE: "commit"}}
+    )
+    tmp = None
+    try:
+      tmp = (
+        await self.engine.request(
+          "POST",
+          "/containers/create",
+          json_body={"Image": stage["Id"], "Entrypoint": ["true"], "Cmd": [], "Labels": {**labels, L_ROLE: "commit"}},
+        )
+      )["Id"]
+      buf = io.BytesIO()
+      with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo(SNAPSHOT_STASH.lstrip("/"))
+        ti.size, ti.mode = len(ws), 0o644
+        tf.addfile(ti, io.BytesIO(ws))
+      await self.engine.request("PUT", f"/containers/{tmp}/archive", params={"path": "/"}, data=buf.getvalue())
+      await self.engine.request(
+        "POST",
+        "/commit",
+        params={"container": tmp, "repo": repo, "tag": ver, "pause": "false"},
+        json_body={"Labels": {SNAPSHOT_LABEL: "1"}},
+      )
+    finally:
+      await self.remove_container(tmp)
+    return f"{repo}:{ver}"

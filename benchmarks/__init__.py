@@ -1,0 +1,1 @@
+"""Benchmark scripts: each prints one table, figure beside baseline."""

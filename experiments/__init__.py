@@ -1,0 +1,1 @@
+"""Experiment launchers (absl flags) that reproduce the paper's ablations."""

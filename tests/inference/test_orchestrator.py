@@ -1,0 +1,132 @@
+"""Continuous batching: order/slot independence, mid-flight joins, backpressure, weights."""
+
+import asyncio
+
+import jax
+import pytest
+
+from ale.chat.template import stop_token_ids
+from ale.chat.tokenizer import ByteTokenizer
+from ale.inference.engine import SamplingParams
+from ale.inference.orchestrator import Orchestrator, QueueFull, Request
+from tests.inference.conftest import prompt
+
+TOK = ByteTokenizer()
+
+
+def orchestrator(engine, **kw):
+  return Orchestrator(
+    engine, decode=lambda ids: TOK.decode(ids), stop_token_ids=stop_token_ids(TOK), **kw
+  )
+
+
+def requests():
+  return [
+    Request(
+      prompt_ids=prompt(30 + i, 3 + 7 * i), sampling=SamplingParams(seed=i), max_tokens=6 + 3 * i
+    )
+    for i in range(6)
+  ]
+
+
+async def test_results_do_not_depend_on_arrival_order(engine):
+  reqs = requests()  # 6 requests, 4 slots: some wait, slots get reused
+  async with orchestrator(engine) as orch:
+    forward = await asyncio.gather(*(orch.generate(r) for r in reqs))
+  async with orchestrator(engine) as orch:
+    backward = await asyncio.gather(*(orch.generate(r) for r in reversed(reqs)))
+  for a, b in zip(forward, reversed(backward), strict=True):
+    assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+    assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert a.policy_versions == [0]
+    assert a.text == TOK.decode([t for t in a.token_ids if t not in stop_token_ids(TOK)])
+
+
+async def test_a_request_arriving_mid_flight_is_served_without_waiting(engine):
+  short = Request(
+    prompt_ids=prompt(41, 5), sampling=SamplingParams(seed=1), max_tokens=3, ignore_eos=True
+  )
+  async with orchestrator(engine) as orch:
+    alone = await orch.generate(short)
+    long = orch.submit(Request(prompt_ids=prompt(40, 10), max_tokens=80, ignore_eos=True))
+    seen = 0
+    async for _ in long:
+      seen += 1
+      if seen == 5:
+        break
+    late = await orch.generate(short)
+    assert not long.done and len(long.tokens) < 20  # the short one did not wait for the batch
+    assert (await long.result()).finish_reason == "length" and len(long.tokens) == 80
+  assert late.token_ids == alone.token_ids
+  assert late.queued_s < 1.0
+
+
+async def test_backpressure_when_the_queue_is_full(engine):
+  orch = orchestrator(engine, max_queue=2)
+  r = Request(prompt_ids=[1, 2, 3], max_tokens=2)
+  orch.submit(r)
+  orch.submit(r)
+  with pytest.raises(QueueFull):
+    orch.submit(r)
+  assert orch.stats.requests_rejected == 1
+  waiter = asyncio.create_task(orch.enqueue(r))  # waits for room instead of failing
+  await asyncio.sleep(0.05)
+  assert not waiter.done()
+  await orch.start()
+  handle = await asyncio.wait_for(waiter, 60)
+  assert (await handle.result()).finish_reason in ("stop", "length")
+  await orch.close()
+
+
+async def test_weights_change_between_steps_and_versions_are_reported(engine):
+  old = engine.params
+  new = jax.tree.map(lambda x: x * 1.5, old)
+  try:
+    async with orchestrator(engine) as orch:
+      h = orch.submit(Request(prompt_ids=prompt(50, 8), max_tokens=30, ignore_eos=True))
+      n = 0
+      async for _ in h:
+        n += 1
+        if n == 4:
+          await orch.update_weights(new, version=7)
+      done = await h.result()
+      assert done.policy_versions == [0, 7]
+      assert done.token_versions == sorted(done.token_versions)
+      assert orch.stats.weight_updates == 1
+      after = await orch.generate(Request(prompt_ids=prompt(51, 8), max_tokens=3))
+      assert after.policy_versions == [7]
+  finally:
+    engine.update_weights(old, version=0)
+
+
+async def test_stop_strings_cancellation_and_bad_requests(engine):
+  async with orchestrator(engine) as orch:
+    free_run = await orch.generate(
+      Request(prompt_ids=prompt(60, 6), max_tokens=20, ignore_eos=True)
+    )
+    text = free_run.text
+    stop = text[5:7] if len(text) >= 7 else None
+    if stop and "\ufffd" not in stop:
+      cut = await orch.generate(
+        Request(prompt_ids=prompt(60, 6), max_tokens=20, ignore_eos=True, stop=[stop])
+      )
+      assert cut.finish_reason == "stop" and cut.stop_reason == stop
+      assert cut.text == text[: text.find(stop)]
+      assert cut.token_ids == free_run.token_ids[: len(cut.token_ids)]
+    h = orch.submit(Request(prompt_ids=prompt(61, 6), max_tokens=80, ignore_eos=True))
+    async for _ in h:
+      h.cancel()
+      break
+    res = await h.result()
+    assert res.finish_reason == "abort" and len(res.token_ids) < 80
+    for bad, msg in [
+      (Request(prompt_ids=prompt(0, 1025)), "at most 1023"),
+      (Request(prompt_ids=prompt(0, 1000), max_tokens=50), "exceeds the context length 1024"),
+      (Request(prompt_ids=[]), "empty"),
+      (Request(prompt_ids=[1, 999], max_tokens=2), "outside"),
+      (Request(prompt_ids=[1], max_tokens=0), "max_tokens"),
+    ]:
+      with pytest.raises(ValueError, match=msg):
+        orch.submit(bad)
+    assert (await orch.generate(Request(prompt_ids=[5, 6], max_tokens=2))).token_ids
+    assert orch.active_slots == 0
