@@ -39,6 +39,27 @@ def request_key(seed: int) -> jax.Array:
   return jax.random.key_data(jax.random.key(seed % (2**63), impl="threefry2x32"))
 
 
+def _sorted_sampling_logprobs(
+  logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """`(order [B, V], log μ in that order [B, V])`: tokens by descending tempered logit."""
+  logits = logits.astype(jnp.float32)
+  _, vocab = logits.shape
+  temp = jnp.where(temperature > 0, temperature, 1.0).astype(jnp.float32)
+  scaled = logits / temp[:, None]
+  # Descending order, ties by ascending token id (stable sort of the negation).
+  order = jnp.argsort(-scaled, axis=-1, stable=True)  # [B, V]
+  sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
+  rank = jnp.arange(vocab)[None, :]
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+  keep = rank < k[:, None]
+  probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly better tokens
+  top_p = top_p[:, None].astype(jnp.float32)
+  keep &= (mass_before < top_p) | (top_p >= 1.0) | (rank == 0)
+  return order, jax.nn.log_softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
+
+
 def sampling_logprobs(
   logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
 ) -> jax.Array:
@@ -53,26 +74,9 @@ def sampling_logprobs(
   Returns:
     `[B, V]` float32 log μ(v).
   """
-  logits = logits.astype(jnp.float32)
-  _, vocab = logits.shape
-  temp = jnp.where(temperature > 0, temperature, 1.0).astype(jnp.float32)
-  scaled = logits / temp[:, None]
-  # Descending order, ties by ascending token id (stable sort of the negation).
-  order = jnp.argsort(-scaled, axis=-1, stable=True)  # [B, V]
-  sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
-  rank = jnp.arange(vocab)[None, :]
-  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-  keep_sorted = rank < k[:, None]
-  masked = jnp.where(keep_sorted, sorted_logits, -jnp.inf)
-  probs = jax.nn.softmax(masked, axis=-1)
-  mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly better tokens
-  top_p = top_p[:, None].astype(jnp.float32)
-  keep_sorted &= (mass_before < top_p) | (top_p >= 1.0) | (rank == 0)
-  masked = jnp.where(keep_sorted, sorted_logits, -jnp.inf)
-  logp_sorted = jax.nn.log_softmax(masked, axis=-1)
-  # Scatter back to vocabulary order.
-  inverse = jnp.argsort(order, axis=-1)
-  return jnp.take_along_axis(logp_sorted, inverse, axis=-1)
+  order, logp_sorted = _sorted_sampling_logprobs(logits, temperature, top_p, top_k)
+  rows = jnp.arange(order.shape[0])[:, None]
+  return jnp.zeros_like(logp_sorted).at[rows, order].set(logp_sorted)
 
 
 def sample(
@@ -98,18 +102,16 @@ def sample(
     log-prob `[B]` float32 (log softmax(logits)(token)).
   """
   logits = logits.astype(jnp.float32)
-  logp_mu = sampling_logprobs(logits, temperature, top_p, top_k)
-  logp_raw = jax.nn.log_softmax(logits, axis=-1)
+  order, logp_sorted = _sorted_sampling_logprobs(logits, temperature, top_p, top_k)
 
   def draw(key_data, step, row_logp):
     key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), step)
     return jax.random.categorical(key, row_logp)
 
-  sampled = jax.vmap(draw)(keys, steps, logp_mu)
-  greedy = jnp.argmax(logits, axis=-1)
+  pick = jax.vmap(draw)(keys, steps, logp_sorted)[:, None]  # rank of the drawn token
+  sampled = jnp.take_along_axis(order, pick, axis=-1)[:, 0]
+  mu = jnp.take_along_axis(logp_sorted, pick, axis=-1)[:, 0]
   is_greedy = temperature <= 0
-  tokens = jnp.where(is_greedy, greedy, sampled).astype(jnp.int32)
-  raw = jnp.take_along_axis(logp_raw, tokens[:, None], axis=-1)[:, 0]
-  mu = jnp.take_along_axis(logp_mu, tokens[:, None], axis=-1)[:, 0]
-  mu = jnp.where(is_greedy, raw, mu)
-  return tokens, mu, raw
+  tokens = jnp.where(is_greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+  raw = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
+  return tokens, jnp.where(is_greedy, raw, mu), raw

@@ -806,11 +806,9 @@ def build_server(
     version=version,
     pad_id=getattr(tokenizer, "pad_id", 0) or 0,
   )
-  stops = [tokenizer.eos_id]
-  for name in ("<|endoftext|>", "<|im_end|>"):
-    tid = getattr(tokenizer, "special_ids", {}).get(name)
-    if tid is not None:
-      stops.append(tid)
+  from ale.chat.template import stop_token_ids  # noqa: PLC0415
+
+  stops = stop_token_ids(tokenizer)
   orch = Orchestrator(
     engine,
     decode=lambda ids: tokenizer.decode(ids, skip_special=False),

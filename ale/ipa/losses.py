@@ -14,8 +14,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from ale.ipa import units
 from ale.ipa.chunks import LEVELS, discounts, num_chunks, segment_chunks
-from ale.ipa.ratios import RATIO_MODES, keep_mask, level_log_ratios
+from ale.ipa.ratios import RATIO_MODES, keep_mask
 
 Array = jax.Array
 
@@ -168,14 +169,19 @@ def _normalizer(p: Array, normalize: str) -> Array:
 
 
 def _weights(logp: Array, batch: Batch, config: IPAConfig) -> tuple[Array, Array, dict]:
-  """Per-token RL and IL weights (stop-gradient) and raw quantities for metrics."""
+  """Per-token RL and IL weights (stop-gradient) and the weight-side metrics.
+
+  Per-unit quantities (ratios, mismatch masks, returns, IS weights) are computed in the
+  unit space of their level (`ale.ipa.units`): once per token, chunk piece or row, then
+  broadcast to tokens. At chunk level the sub-block space is used when no sub-block of
+  16 tokens mixes two chunks (the usual packed layout; no scatter over B·T tokens), and
+  the exact-for-any-layout scatter space otherwise, picked by a `lax.cond`.
+  """
   _check_batch(logp, batch)
   return_level, ratio_level, mask_level = config.levels
   lp = jax.lax.stop_gradient(jnp.asarray(logp, jnp.float32))
   p = jnp.asarray(batch.policy_mask).astype(bool)
   adv = jnp.asarray(batch.advantages, jnp.float32)
-  old = jnp.asarray(batch.old_logp, jnp.float32)
-  beh = jnp.asarray(batch.behavior_logp, jnp.float32)
   chunk_ids = batch.chunk_ids
   needs_chunks = "chunk" in (return_level, ratio_level) or (
     config.masking and mask_level == "chunk"
@@ -187,63 +193,163 @@ def _weights(logp: Array, batch: Batch, config: IPAConfig) -> tuple[Array, Array
     rl = p & ~il
   else:
     il, rl = None, p
+  arrays = dict(
+    lp=lp, rl=rl, il=il, adv=adv,
+    old=jnp.asarray(batch.old_logp, jnp.float32),
+    beh=jnp.asarray(batch.behavior_logp, jnp.float32),
+    r_star=None if batch.expert_reward is None else jnp.asarray(batch.expert_reward, jnp.float32),
+    steps=None if batch.steps_to_end is None else jnp.asarray(batch.steps_to_end),
+    chunk_ids=None if chunk_ids is None else jnp.asarray(chunk_ids).astype(jnp.int32),
+  )  # fmt: skip
 
-  # Returns (E8 at chunk level; the undiscounted advantage otherwise).
-  if return_level == "chunk":
-    disc = discounts(chunk_ids, config.gamma, batch.steps_to_end)
+  if needs_chunks:
+    sb, fits = units.sub_block_layout(arrays["chunk_ids"])
+
+    def fast(a):
+      return _unit_weights(a, config, units.SubBlockChunkUnits(a["chunk_ids"], sb))
+
+    def general(a):
+      return _unit_weights(a, config, units.ScatterChunkUnits(a["chunk_ids"]))
+
+    w_rl, w_il, stats = jax.lax.cond(fits, fast, general, arrays)
   else:
-    disc = None
+    w_rl, w_il, stats = _unit_weights(arrays, config, None)
+
+  aux = dict(p=p, rl=rl, il=il, adv=adv, chunk_ids=chunk_ids, stats=stats)
+  return jax.lax.stop_gradient(w_rl), jax.lax.stop_gradient(w_il), aux
+
+
+def _unit_weights(a: dict, config: IPAConfig, chunk_units) -> tuple[Array, Array, dict]:
+  """`_weights`' body given the chunk unit space (None when no level is "chunk")."""
+  shape = a["lp"].shape
+  rl, il, adv = a["rl"], a["il"], a["adv"]
+  spaces = {"token": units.TokenUnits(shape), "sequence": units.RowUnits(shape)}
+  if chunk_units is not None:
+    spaces["chunk"] = chunk_units
+  return_level, ratio_level, mask_level = config.levels
+
+  def log_ratios(space, mode: str, diffs: list[Array], mask: Array):
+    """Aggregated log-ratios per unit (E4/E9 "geometric": mean; "product": sum)."""
+    sums, local = space.reduce(diffs, mask)
+    if mode == "geometric" and space.level != "token":
+      count = jnp.maximum(sums[-1], 1.0)
+      return [s / count for s in sums[:-1]], local
+    return sums[:-1], local
+
+  # Returns (E8 at chunk level; the undiscounted advantage otherwise), as a per-unit
+  # discount γ^Δ in the chunk space, or per token when `steps_to_end` is per token.
+  disc, disc_level = None, "sequence"
+  if return_level == "chunk":
+    cu = spaces["chunk"]
+    delta = units.unit_deltas(cu.unit_chunk_ids, cu.num_chunks(), a["steps"], shape[1])
+    if delta is None:
+      disc_level = "token"
+      disc = discounts(a["chunk_ids"], config.gamma, a["steps"])
+    else:
+      disc_level = "chunk"
+      disc = _pow(config.gamma, delta.astype(jnp.float32))
 
   # Ratios π_θ/π_θold (E4/E9) and mismatch ratios π_θold/μ_θold (E6/E10), over RL
-  # tokens; one shared segment pass when both sit at the same level and mode.
-  use_is = config.ratio_clip is not None
+  # tokens; one shared pass when both sit at the same level and mode.
+  lp, old, beh = a["lp"], a["old"], a["beh"]
   share = config.masking and ratio_level == mask_level and config.ratio == config.mismatch_ratio
-  log_mm = None
-  if share:
-    log_ratio, log_mm = level_log_ratios(
-      ratio_level, config.ratio, [lp - old, old - beh], rl, chunk_ids
-    )
-  else:
-    (log_ratio,) = level_log_ratios(ratio_level, config.ratio, [lp - old], rl, chunk_ids)
-    if config.masking:
-      (log_mm,) = level_log_ratios(mask_level, config.mismatch_ratio, [old - beh], rl, chunk_ids)
-  ratio = jnp.exp(log_ratio)  # reported even when ratio_clip=None turns IS off
-  if use_is:
-    lo, hi = config.ratio_clip
-    is_w = jnp.clip(ratio, lo, hi)
-    if config.topr:
-      is_w = jnp.where(adv[:, None] > 0, 1.0, is_w)  # E5: no IS on T⁺
-  else:
-    is_w = jnp.ones_like(lp)
+  r_space = spaces[ratio_level]
+  diffs = [lp - old] + ([old - beh] if share else [])
+  logs, r_local = log_ratios(r_space, config.ratio, diffs, rl)
+  ratio = jnp.exp(logs[0])  # reported even when ratio_clip=None turns IS off
   if config.masking:
+    if share:
+      log_mm = logs[1]
+    else:
+      (log_mm,), _ = log_ratios(spaces[mask_level], config.mismatch_ratio, [old - beh], rl)
     mm_ratio = jnp.exp(log_mm)
     keep = keep_mask(mm_ratio, config.mismatch_threshold, config.mismatch_band)
   else:
-    mm_ratio, keep = None, jnp.ones(p.shape, bool)
+    mm_ratio = keep = None
 
-  g_rl = adv[:, None] if disc is None else disc * adv[:, None]
-  w_rl = jnp.where(rl & keep, config.lambda_rl * g_rl * is_w, 0.0)  # E11 / E5
+  # Combine in one space: the common one when all levels agree, else tokens.
+  levels_used = {ratio_level} | ({mask_level} if config.masking else set())
+  if disc is not None:
+    levels_used.add(disc_level)
+  common = levels_used.pop() if len(levels_used) == 1 else "token"
+  space = spaces[common]
+
+  def at(level: str, u: Array) -> Array:
+    return u if level == common else spaces[level].to_tokens(u)
+
+  ratio_c = at(ratio_level, ratio)
+  use_is = config.ratio_clip is not None
+  if use_is:
+    lo, hi = config.ratio_clip
+    is_w = jnp.clip(ratio_c, lo, hi)
+    if config.topr:
+      is_w = jnp.where(adv[:, None] > 0, 1.0, is_w)  # E5: no IS on T⁺
+  else:
+    is_w = 1.0
+  g_rl = adv[:, None] if disc is None else at(disc_level, disc) * adv[:, None]
+  f_rl = config.lambda_rl * g_rl * is_w  # E11 / E5
+  keep_c = None
+  if config.masking:
+    keep_c = at(mask_level, keep)
+    f_rl = jnp.where(keep_c, f_rl, 0.0)
+  w_rl = jnp.where(rl, space.to_tokens(f_rl), 0.0)
 
   if il is not None:  # E12 imitation term on the expert prefix: no IS, no mask
-    r_star = (
-      jnp.ones_like(adv)
-      if batch.expert_reward is None
-      else jnp.asarray(batch.expert_reward, jnp.float32)
-    )
-    g_il = r_star[:, None] if disc is None else disc * r_star[:, None]
+    r_star = jnp.ones_like(adv) if a["r_star"] is None else a["r_star"]
+    g_il = r_star[:, None]
+    if disc is not None:
+      g_il = spaces[disc_level].to_tokens(disc) * g_il
     w_il = config.lambda_il * g_il
     if config.il_policy_weight is not None:
-      (log_pi,) = level_log_ratios(ratio_level, config.il_policy_weight, [lp], il, chunk_ids)
-      w_il = w_il * jnp.exp(log_pi)
+      (log_pi,), _ = log_ratios(r_space, config.il_policy_weight, [lp], il)
+      w_il = w_il * jnp.exp(r_space.to_tokens(log_pi))
     w_il = jnp.where(il, w_il, 0.0)
   else:
-    w_il = jnp.zeros_like(lp)
+    w_il = jnp.zeros(shape, jnp.float32)
 
-  aux = dict(
-    p=p, rl=rl, il=il, adv=adv, ratio=ratio, keep=keep, mm_ratio=mm_ratio,
-    chunk_ids=chunk_ids, use_is=use_is,
-  )  # fmt: skip
-  return jax.lax.stop_gradient(w_rl), jax.lax.stop_gradient(w_il), aux
+  # Metrics over RL tokens, as count-weighted sums over the entries of `space`.
+  f32 = jnp.float32
+  wgt = at(ratio_level, r_local) if common == ratio_level else rl.astype(f32)
+  on = wgt > 0
+  n_rl = jnp.sum(wgt)
+  denom = jnp.maximum(n_rl, 1.0)
+
+  def mean(x: Array) -> Array:
+    return jnp.sum(jnp.where(on, wgt * x, 0.0)) / denom
+
+  def top(x: Array) -> Array:
+    return jnp.max(jnp.where(on, jnp.broadcast_to(x, wgt.shape), 0.0))
+
+  stats = {
+    "num_rl_tokens": n_rl,
+    "masked_fraction": jnp.sum(jnp.where(on & ~keep_c, wgt, 0.0)) / denom
+    if config.masking
+    else f32(0),
+    "ratio_mean": mean(ratio_c),
+    "ratio_max": top(ratio_c),
+  }
+  if use_is:
+    lo, hi = config.ratio_clip
+    is_rows = jnp.ones_like(adv, bool) if not config.topr else adv <= 0
+    w_is = jnp.where(is_rows[:, None] & on, wgt, 0.0)
+    clipped = (ratio_c < lo) | (ratio_c > hi)
+    stats["clip_fraction"] = jnp.sum(jnp.where(clipped, w_is, 0.0)) / jnp.maximum(
+      jnp.sum(w_is), 1.0
+    )
+  else:
+    stats["clip_fraction"] = f32(0)
+  if config.masking:
+    mm_c = at(mask_level, mm_ratio)
+    stats["mismatch_ratio_mean"] = mean(mm_c)
+    stats["mismatch_ratio_max"] = top(mm_c)
+  return w_rl, w_il, stats
+
+
+def _pow(gamma: float, delta: Array) -> Array:
+  """γ^Δ (E8), float32."""
+  if gamma == 1.0:
+    return jnp.ones_like(delta)
+  return jnp.exp(delta * jnp.log(jnp.asarray(gamma, jnp.float32)))
 
 
 def ipa_weights(logp: Array, batch: Batch, config: IPAConfig) -> Array:
@@ -285,7 +391,7 @@ def ipa_loss(logp: Array, batch: Batch, config: IPAConfig) -> tuple[Array, dict[
     `mismatch_ratio_mean`/`mismatch_ratio_max`.
   """
   w_rl, w_il, aux = _weights(logp, batch, config)
-  p, rl = aux["p"], aux["rl"]
+  p = aux["p"]
   scale = _normalizer(p, config.normalize)
   logp = jnp.asarray(logp)
   lp = jnp.where(p, logp, 0.0).astype(jnp.float32)
@@ -294,9 +400,7 @@ def ipa_loss(logp: Array, batch: Batch, config: IPAConfig) -> tuple[Array, dict[
   loss = rl_loss + il_loss
 
   f32 = jnp.float32
-  n_rl = jnp.sum(rl, dtype=f32)
-  denom = jnp.maximum(n_rl, 1.0)
-  ratio = aux["ratio"]
+  stats = aux["stats"]
   if aux["chunk_ids"] is not None:
     n_chunks = jnp.sum(num_chunks(aux["chunk_ids"]), dtype=f32)
   else:  # count chunk starts instead of segmenting
@@ -307,27 +411,12 @@ def ipa_loss(logp: Array, batch: Batch, config: IPAConfig) -> tuple[Array, dict[
     "rl_loss": rl_loss,
     "il_loss": il_loss,
     "num_tokens": jnp.sum(p, dtype=f32),
-    "num_rl_tokens": n_rl,
+    "num_rl_tokens": stats["num_rl_tokens"],
     "num_il_tokens": jnp.sum(aux["il"], dtype=f32) if aux["il"] is not None else f32(0),
     "num_chunks": n_chunks,
     "num_positive_rows": jnp.sum(aux["adv"] > 0, dtype=f32),
-    "masked_fraction": jnp.sum(rl & ~aux["keep"], dtype=f32) / denom,
-    "ratio_mean": jnp.sum(jnp.where(rl, ratio, 0.0)) / denom,
-    "ratio_max": jnp.max(jnp.where(rl, ratio, 0.0)),
+    **{k: v for k, v in stats.items() if k != "num_rl_tokens"},
   }
-  if aux["use_is"]:
-    lo, hi = config.ratio_clip
-    is_rows = jnp.ones_like(aux["adv"], bool) if not config.topr else aux["adv"] <= 0
-    is_tok = rl & is_rows[:, None]
-    clipped = is_tok & ((ratio < lo) | (ratio > hi))
-    metrics["clip_fraction"] = jnp.sum(clipped, dtype=f32) / jnp.maximum(
-      jnp.sum(is_tok, dtype=f32), 1.0
-    )
-  else:
-    metrics["clip_fraction"] = f32(0)
-  if aux["mm_ratio"] is not None:
-    metrics["mismatch_ratio_mean"] = jnp.sum(jnp.where(rl, aux["mm_ratio"], 0.0)) / denom
-    metrics["mismatch_ratio_max"] = jnp.max(jnp.where(rl, aux["mm_ratio"], 0.0))
   return loss, jax.lax.stop_gradient(metrics)
 
 

@@ -73,7 +73,9 @@ class Admission:
         if cap is None:
           if timeout_s <= 0:
             raise TimeoutError
-          cap = await asyncio.wait_for(self._changed.wait_for(lambda: self._place(cpus, memory_mb)), timeout_s)
+          cap = await asyncio.wait_for(
+            self._changed.wait_for(lambda: self._place(cpus, memory_mb)), timeout_s
+          )
       except TimeoutError:
         self.rejected += 1
         raise OverCapacity(

@@ -66,7 +66,7 @@ _SWEEP = (
 _READ = 'if [ -d "$1" ]; then echo D >&2; exec tar -C "$1" -cf - .; else exec cat -- "$1"; fi'
 _WRITE = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" -- "$1"'
 _PUT_DIR = 'mkdir -p -- "$1" && exec tar -x --no-same-owner --no-same-permissions -m -C "$1" -f -'
-_RESTORE = f'[ -f {SNAPSHOT_STASH} ] && tar -x -C /workspace -f {SNAPSHOT_STASH}; true'
+_RESTORE = f"[ -f {SNAPSHOT_STASH} ] && tar -x -C /workspace -f {SNAPSHOT_STASH}; true"
 
 
 def demux(payload: bytes) -> tuple[bytes, bytes]:
@@ -80,7 +80,12 @@ def demux(payload: bytes) -> tuple[bytes, bytes]:
 
 
 def owner_labels(service: str) -> dict[str, str]:
-  return {LABEL: "1", L_SERVICE: service, L_OWNER_HOST: socket.gethostname(), L_OWNER_PID: str(os.getpid())}
+  return {
+    LABEL: "1",
+    L_SERVICE: service,
+    L_OWNER_HOST: socket.gethostname(),
+    L_OWNER_PID: str(os.getpid()),
+  }
 
 
 class DockerBackend:
@@ -128,7 +133,13 @@ class DockerBackend:
   # ---------------------------------------------------------------- containers
 
   def container_config(
-    self, spec: SandboxSpec, labels: dict[str, str], *, network_mode: str = "none", extra_hosts=(), extra_env=None
+    self,
+    spec: SandboxSpec,
+    labels: dict[str, str],
+    *,
+    network_mode: str = "none",
+    extra_hosts=(),
+    extra_env=None,
   ) -> dict[str, Any]:
     env = dict(spec.env)
     if spec.read_only and spec.user not in ("root", "0", "0:0") and "HOME" not in env:
@@ -187,13 +198,19 @@ class DockerBackend:
     try:
       extra_hosts, extra_env, mode = [], {}, "none"
       if spec.network == "allowlist":
-        net_id, rocklet_id, rocklet_ip = await self._start_rocklet(spec, name, labels, service=service)
+        net_id, rocklet_id, rocklet_ip = await self._start_rocklet(
+          spec, name, labels, service=service
+        )
         made["network"], made["rocklet"] = net_id, rocklet_id
         extra_hosts, extra_env = egress.sandbox_network_settings(spec.allow, rocklet_ip)
         mode = net_id
-      cfg = self.container_config(spec, labels, network_mode=mode, extra_hosts=extra_hosts, extra_env=extra_env)
+      cfg = self.container_config(
+        spec, labels, network_mode=mode, extra_hosts=extra_hosts, extra_env=extra_env
+      )
       try:
-        res = await self.engine.request("POST", "/containers/create", params={"name": name}, json_body=cfg)
+        res = await self.engine.request(
+          "POST", "/containers/create", params={"name": name}, json_body=cfg
+        )
       except EngineError as e:
         if e.status in (400, 404):
           raise BadRequest(f"engine refused the sandbox config: {e.message}") from None
@@ -201,9 +218,13 @@ class DockerBackend:
       made["container"] = res["Id"]
       await self.engine.request("POST", f"/containers/{res['Id']}/start")
       if spec.from_snapshot:
-        r = await self.exec(res["Id"], ["sh", "-c", _RESTORE], timeout_s=120, image=spec.from_snapshot)
+        r = await self.exec(
+          res["Id"], ["sh", "-c", _RESTORE], timeout_s=120, image=spec.from_snapshot
+        )
         if r.exit_code != 0:
-          raise SandboxError(f"restoring snapshot {spec.from_snapshot!r} failed: {r.stderr.strip()}")
+          raise SandboxError(
+            f"restoring snapshot {spec.from_snapshot!r} failed: {r.stderr.strip()}"
+          )
       return made
     except BaseException:
       await self.remove(made)
@@ -242,10 +263,16 @@ class DockerBackend:
       cfg_json = json.dumps(egress.rocklet_config(spec.allow))
       rspec = SandboxSpec(image=BASE_IMAGE, cpus=0.25, memory_mb=64, pids=64, disk_mb=1)
       cfg = self.container_config(rspec, {**labels, L_ROLE: "rocklet"}, network_mode="bridge")
-      cfg.update(Entrypoint=["python3", "-u", "-c", egress.ROCKLET_SCRIPT, cfg_json], Cmd=[], NetworkDisabled=False)
+      cfg.update(
+        Entrypoint=["python3", "-u", "-c", egress.ROCKLET_SCRIPT, cfg_json],
+        Cmd=[],
+        NetworkDisabled=False,
+      )
       cfg["HostConfig"]["Init"] = True
       cfg["NetworkingConfig"] = {}
-      r = await self.engine.request("POST", "/containers/create", params={"name": f"{name}-rocklet"}, json_body=cfg)
+      r = await self.engine.request(
+        "POST", "/containers/create", params={"name": f"{name}-rocklet"}, json_body=cfg
+      )
       rid = r["Id"]
       await self.engine.request(
         "POST",
@@ -299,14 +326,18 @@ class DockerBackend:
     if not cid:
       return
     try:
-      await self.engine.request("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
+      await self.engine.request(
+        "DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"}
+      )
     except EngineError as e:
       if e.status not in (404, 409):
         raise
 
   async def remove(self, made: dict[str, Any]) -> None:
     """Removes a sandbox's container, Rocklet and network (each may be None)."""
-    await asyncio.gather(self.remove_container(made.get("container")), self.remove_container(made.get("rocklet")))
+    await asyncio.gather(
+      self.remove_container(made.get("container")), self.remove_container(made.get("rocklet"))
+    )
     await self._remove_network(made.get("network"))
 
   async def inspect(self, cid: str) -> dict[str, Any]:
@@ -314,7 +345,9 @@ class DockerBackend:
 
   async def usage(self, cid: str) -> dict[str, Any]:
     """CPU seconds, memory bytes and block I/O bytes of a running container."""
-    s = await self.engine.request("GET", f"/containers/{cid}/stats", params={"stream": "false", "one-shot": "true"})
+    s = await self.engine.request(
+      "GET", f"/containers/{cid}/stats", params={"stream": "false", "one-shot": "true"}
+    )
     blk = (s.get("blkio_stats") or {}).get("io_service_bytes_recursive") or []
     mem = s.get("memory_stats") or {}
     return {
@@ -363,7 +396,9 @@ class DockerBackend:
       if e.status == 404:
         raise NotFound(f"sandbox container {cid[:12]} is gone") from None
       if e.status == 409:
-        raise SandboxError(f"sandbox container {cid[:12]} is not running: {e.message}", status=409) from None
+        raise SandboxError(
+          f"sandbox container {cid[:12]} is not running: {e.message}", status=409
+        ) from None
       raise
     out, err, trunc = await self.engine.exec_start(ex["Id"], stdin=stdin, cap=cap)
     return await self._exit_code(ex["Id"]), out, err, trunc
@@ -429,7 +464,9 @@ class DockerBackend:
 
   async def _sweep(self, cid: str, marker: str) -> None:
     try:
-      await asyncio.wait_for(self._exec_raw(cid, ["sh", "-c", _SWEEP, "sweep", marker], env={}, cap=4096), 10)
+      await asyncio.wait_for(
+        self._exec_raw(cid, ["sh", "-c", _SWEEP, "sweep", marker], env={}, cap=4096), 10
+      )
     except Exception as e:  # pids exhausted, container gone: the service reports it
       log.warning("sweep of exec %s in %s failed: %r", marker, cid[:12], e)
 
@@ -437,7 +474,9 @@ class DockerBackend:
 
   async def read(self, cid: str, path: str, *, cap: int = 1 << 30) -> tuple[bytes, bool]:
     """(bytes, is_dir): a file's bytes, or a tar stream of a directory."""
-    code, out, err, trunc = await self._exec_raw(cid, ["sh", "-c", _READ, "read", path], env={}, cap=cap)
+    code, out, err, trunc = await self._exec_raw(
+      cid, ["sh", "-c", _READ, "read", path], env={}, cap=cap
+    )
     is_dir = err.startswith(b"D\n")
     if code != 0:
       msg = (err[2:] if is_dir else err).decode(errors="replace").strip()
@@ -464,7 +503,9 @@ class DockerBackend:
       cid, ["sh", "-c", _PUT_DIR, "put", remote_dir], env={}, stdin=tar_bytes, cap=65536
     )
     if code != 0:
-      raise BadRequest(f"extracting into {remote_dir} failed: {err.decode(errors='replace').strip()}")
+      raise BadRequest(
+        f"extracting into {remote_dir} failed: {err.decode(errors='replace').strip()}"
+      )
 
   # ---------------------------------------------------------------- commit
 
@@ -474,7 +515,10 @@ class DockerBackend:
     tag = tag or f"ale/snapshot:{secrets.token_hex(6)}"
     repo, _, ver = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
     stage = await self.engine.request(
-      "POST", "/commit", params={"container": cid, "pause": "false"}, json_body={"Labels": {**labels, L_ROLE: "commit"}}
+      "POST",
+      "/commit",
+      params={"container": cid, "pause": "false"},
+      json_body={"Labels": {**labels, L_ROLE: "commit"}},
     )
     tmp = None
     try:
@@ -482,7 +526,12 @@ class DockerBackend:
         await self.engine.request(
           "POST",
           "/containers/create",
-          json_body={"Image": stage["Id"], "Entrypoint": ["true"], "Cmd": [], "Labels": {**labels, L_ROLE: "commit"}},
+          json_body={
+            "Image": stage["Id"],
+            "Entrypoint": ["true"],
+            "Cmd": [],
+            "Labels": {**labels, L_ROLE: "commit"},
+          },
         )
       )["Id"]
       buf = io.BytesIO()
@@ -490,7 +539,9 @@ class DockerBackend:
         ti = tarfile.TarInfo(SNAPSHOT_STASH.lstrip("/"))
         ti.size, ti.mode = len(ws), 0o644
         tf.addfile(ti, io.BytesIO(ws))
-      await self.engine.request("PUT", f"/containers/{tmp}/archive", params={"path": "/"}, data=buf.getvalue())
+      await self.engine.request(
+        "PUT", f"/containers/{tmp}/archive", params={"path": "/"}, data=buf.getvalue()
+      )
       await self.engine.request(
         "POST",
         "/commit",

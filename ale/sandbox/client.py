@@ -51,8 +51,12 @@ class _Local:
     await self.s.close()
 
   async def create(self, body):
-    spec = SandboxSpec.from_request({k: v for k, v in body.items() if k not in ("wait", "admission_timeout_s")})
-    rec = await self.s.create(spec, wait=body.get("wait", True), admission_timeout_s=body.get("admission_timeout_s"))
+    spec = SandboxSpec.from_request(
+      {k: v for k, v in body.items() if k not in ("wait", "admission_timeout_s")}
+    )
+    rec = await self.s.create(
+      spec, wait=body.get("wait", True), admission_timeout_s=body.get("admission_timeout_s")
+    )
     return rec.summary()
 
   async def info(self, sid):
@@ -66,7 +70,12 @@ class _Local:
 
   async def exec(self, sid, body):
     return await self.s.exec(
-      sid, body["cmd"], timeout_s=body["timeout_s"], cwd=body.get("cwd"), env=body.get("env"), stdin=body.get("stdin")
+      sid,
+      body["cmd"],
+      timeout_s=body["timeout_s"],
+      cwd=body.get("cwd"),
+      env=body.get("env"),
+      stdin=body.get("stdin"),
     )
 
   async def read(self, sid, path):
@@ -125,7 +134,9 @@ class _Http:
       self.session = None
 
   async def _call(self, method, path, *, json=None, data=None, params=None, raw=False):
-    async with self.session.request(method, self.url + path, json=json, data=data, params=params) as resp:
+    async with self.session.request(
+      method, self.url + path, json=json, data=data, params=params
+    ) as resp:
       payload = await resp.read()
       if resp.status >= 400:
         try:
@@ -164,10 +175,17 @@ class _Http:
     return await self._call("GET", f"/v1/sandboxes/{sid}/files", params={"path": path}, raw=True)
 
   async def write(self, sid, path, data, mode):
-    await self._call("PUT", f"/v1/sandboxes/{sid}/files", params={"path": path, "mode": format(mode, "o")}, data=data)
+    await self._call(
+      "PUT",
+      f"/v1/sandboxes/{sid}/files",
+      params={"path": path, "mode": format(mode, "o")},
+      data=data,
+    )
 
   async def put_tar(self, sid, remote_dir, data):
-    await self._call("PUT", f"/v1/sandboxes/{sid}/files", params={"path": remote_dir, "extract": "tar"}, data=data)
+    await self._call(
+      "PUT", f"/v1/sandboxes/{sid}/files", params={"path": remote_dir, "extract": "tar"}, data=data
+    )
 
   async def commit(self, sid, tag):
     return (await self._call("POST", f"/v1/sandboxes/{sid}/commit", json={"tag": tag}))["image"]
@@ -185,10 +203,14 @@ class _Http:
     return (await self._call("GET", "/v1/metrics", raw=True)).decode()
 
   async def env_make(self, env_id, kwargs):
-    return (await self._call("POST", "/v1/envs", json={"env_id": env_id, "kwargs": kwargs or {}}))["env_id"]
+    return (await self._call("POST", "/v1/envs", json={"env_id": env_id, "kwargs": kwargs or {}}))[
+      "env_id"
+    ]
 
   async def env_reset(self, eid, seed, options):
-    return await self._call("POST", f"/v1/envs/{eid}/reset", json={"seed": seed, "options": options})
+    return await self._call(
+      "POST", f"/v1/envs/{eid}/reset", json={"seed": seed, "options": options}
+    )
 
   async def env_step(self, eid, action):
     return await self._call("POST", f"/v1/envs/{eid}/step", json={"action": action})
@@ -218,7 +240,9 @@ class Sandbox:
     stdin: str | bytes | None = None,
   ) -> ExecResult:
     """Runs cmd (a str runs under bash; a list is an argv); kills its process group at timeout_s."""
-    return await self._client._t.exec(self.id, {"cmd": cmd, "timeout_s": timeout_s, "cwd": cwd, "env": env, "stdin": stdin})
+    return await self._client._t.exec(
+      self.id, {"cmd": cmd, "timeout_s": timeout_s, "cwd": cwd, "env": env, "stdin": stdin}
+    )
 
   async def read(self, path: str) -> bytes:
     """A file's bytes; a directory comes back as a tar stream."""
@@ -232,7 +256,9 @@ class Sandbox:
 
   async def put_dir(self, remote_dir: str, local_dir: str | os.PathLike) -> None:
     """Copies the contents of a host directory into remote_dir (created if missing)."""
-    await self._client._t.put_tar(self.id, remote_dir, await asyncio.to_thread(tar_directory, local_dir))
+    await self._client._t.put_tar(
+      self.id, remote_dir, await asyncio.to_thread(tar_directory, local_dir)
+    )
 
   async def commit(self, tag: str | None = None) -> str:
     """Snapshots the sandbox (including /workspace) to an image; returns its tag."""
@@ -287,7 +313,9 @@ class Client:
 
   def __init__(self, url: str | None = None, **service_kwargs: Any):
     if url is not None and service_kwargs:
-      raise TypeError(f"service options {sorted(service_kwargs)} only apply to an embedded Client() (no url)")
+      raise TypeError(
+        f"service options {sorted(service_kwargs)} only apply to an embedded Client() (no url)"
+      )
     self.url = url
     self._kw = service_kwargs
     self.service: SandboxService | None = None if url else SandboxService(**service_kwargs)
@@ -428,7 +456,9 @@ class SyncClient:
 
   def __init__(self, url: str | None = None, **service_kwargs: Any):
     self._loop = asyncio.new_event_loop()
-    self._thread = threading.Thread(target=self._loop.run_forever, name="ale-sandbox-sync", daemon=True)
+    self._thread = threading.Thread(
+      target=self._loop.run_forever, name="ale-sandbox-sync", daemon=True
+    )
     self._thread.start()
     self._client: Client = self._run(self._make(url, service_kwargs))
 

@@ -157,7 +157,9 @@ def rocklet_config(allow: tuple[str, ...] | list[str]) -> dict:
   return {"allow": [list(p) for p in pairs], "listen": listen, "proxy_port": PROXY_PORT}
 
 
-def sandbox_network_settings(allow: tuple[str, ...] | list[str], rocklet_ip: str) -> tuple[list[str], dict[str, str]]:
+def sandbox_network_settings(
+  allow: tuple[str, ...] | list[str], rocklet_ip: str
+) -> tuple[list[str], dict[str, str]]:
   """(ExtraHosts, env) for a sandbox whose Rocklet answers at rocklet_ip."""
   hosts = {"rocklet"} | {h for h, _ in map(parse_hostport, allow) if not is_ip(h)}
   proxy = f"http://rocklet:{PROXY_PORT}"

@@ -47,8 +47,14 @@ class Engine:
   def __init__(self, url: str = "unix:///var/run/docker.sock"):
     self.url = url
     self._base, self._unix, self._tcp = parse_engine_url(url)
-    conn = aiohttp.UnixConnector(path=self._unix, limit=64) if self._unix else aiohttp.TCPConnector(limit=64)
-    self._session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+    conn = (
+      aiohttp.UnixConnector(path=self._unix, limit=64)
+      if self._unix
+      else aiohttp.TCPConnector(limit=64)
+    )
+    self._session = aiohttp.ClientSession(
+      connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
+    )
 
   async def close(self) -> None:
     await self._session.close()
@@ -69,11 +75,25 @@ class Engine:
   ) -> Any:
     """One JSON call. Returns the decoded JSON (or bytes when raw / not JSON)."""
     if params:
-      params = {k: (json.dumps(v) if isinstance(v, dict | list) else str(v).lower() if isinstance(v, bool) else str(v)) for k, v in params.items()}
+      params = {
+        k: (
+          json.dumps(v)
+          if isinstance(v, dict | list)
+          else str(v).lower()
+          if isinstance(v, bool)
+          else str(v)
+        )
+        for k, v in params.items()
+      }
     headers = {"Content-Type": "application/json"} if json_body is not None else None
     body = json.dumps(json_body).encode() if json_body is not None else data
     async with self._session.request(
-      method, self._url(path), data=body, params=params, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+      method,
+      self._url(path),
+      data=body,
+      params=params,
+      headers=headers,
+      timeout=aiohttp.ClientTimeout(total=timeout),
     ) as resp:
       payload = await resp.read()
       if resp.status >= 400:
@@ -91,7 +111,9 @@ class Engine:
   async def events(self, filters: dict[str, list[str]]) -> AsyncIterator[dict[str, Any]]:
     """Streams engine events matching filters (never returns while the engine is up)."""
     async with self._session.get(
-      self._url("/events"), params={"filters": json.dumps(filters)}, timeout=aiohttp.ClientTimeout(total=None)
+      self._url("/events"),
+      params={"filters": json.dumps(filters)},
+      timeout=aiohttp.ClientTimeout(total=None),
     ) as resp:
       if resp.status >= 400:
         raise EngineError(resp.status, (await resp.read()).decode(errors="replace"))

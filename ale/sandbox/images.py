@@ -25,7 +25,9 @@ def _docker(client: docker.DockerClient | None) -> docker.DockerClient:
   return client if client is not None else docker.from_env(timeout=600)
 
 
-def context_hash(context_dir: str | os.PathLike, dockerfile: str = "Dockerfile", *, base_id: str = "") -> str:
+def context_hash(
+  context_dir: str | os.PathLike, dockerfile: str = "Dockerfile", *, base_id: str = ""
+) -> str:
   """sha256 over the context's relative paths, modes and bytes, the Dockerfile name, base id."""
   root = os.fspath(context_dir)
   h = hashlib.sha256()
@@ -88,7 +90,13 @@ def build_image(
       pass
     try:
       dc.images.build(
-        path=root, dockerfile=dockerfile, tag=tag, rm=True, forcerm=True, pull=False, labels={HASH_LABEL: digest}
+        path=root,
+        dockerfile=dockerfile,
+        tag=tag,
+        rm=True,
+        forcerm=True,
+        pull=False,
+        labels={HASH_LABEL: digest},
       )
     except docker.errors.BuildError as e:
       tail = "".join(str(x.get("stream", x.get("error", ""))) for x in list(e.build_log)[-20:])
@@ -99,7 +107,9 @@ def build_image(
       dc.close()
 
 
-def list_images(prefix: str = "ale/", *, client: docker.DockerClient | None = None) -> list[dict[str, Any]]:
+def list_images(
+  prefix: str = "ale/", *, client: docker.DockerClient | None = None
+) -> list[dict[str, Any]]:
   """Images whose tags start with prefix: [{tag, id, size, created, hash}]."""
   dc = _docker(client)
   try:
@@ -108,7 +118,13 @@ def list_images(prefix: str = "ale/", *, client: docker.DockerClient | None = No
       for t in img.tags:
         if t.startswith(prefix):
           out.append(
-            {"tag": t, "id": img.id, "size": img.attrs.get("Size"), "created": img.attrs.get("Created"), "hash": (img.labels or {}).get(HASH_LABEL)}
+            {
+              "tag": t,
+              "id": img.id,
+              "size": img.attrs.get("Size"),
+              "created": img.attrs.get("Created"),
+              "hash": (img.labels or {}).get(HASH_LABEL),
+            }
           )
     return sorted(out, key=lambda d: d["tag"])
   finally:
@@ -116,7 +132,9 @@ def list_images(prefix: str = "ale/", *, client: docker.DockerClient | None = No
       dc.close()
 
 
-def remove_image(tag: str, *, client: docker.DockerClient | None = None, force: bool = False) -> None:
+def remove_image(
+  tag: str, *, client: docker.DockerClient | None = None, force: bool = False
+) -> None:
   """Removes an image tag (ValueError when it does not exist)."""
   dc = _docker(client)
   try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -48,7 +49,22 @@ from ale.sandbox.spec import BadRequest, ExecResult, NotFound, SandboxError, San
 
 log = logging.getLogger("ale.sandbox")
 
-EXEC_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"))
+EXEC_BUCKETS = (
+  0.005,
+  0.01,
+  0.02,
+  0.05,
+  0.1,
+  0.25,
+  0.5,
+  1.0,
+  2.5,
+  5.0,
+  10.0,
+  30.0,
+  60.0,
+  float("inf"),
+)
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,6 +116,19 @@ def _alive(pid: int) -> bool:
     return False
   except PermissionError:
     return True
+
+
+@contextlib.asynccontextmanager
+async def _env_errors():
+  """Maps an environment's complaints to 4xx (out-of-order calls: 409; bad input: 400)."""
+  try:
+    yield
+  except (ValueError, TypeError) as e:
+    raise BadRequest(f"the environment rejected the request: {e}") from None
+  except RuntimeError as e:
+    if type(e).__name__ == "EpisodeError":
+      raise SandboxError(f"{e} (reset the environment first)", status=409) from None
+    raise
 
 
 class SandboxService:
@@ -198,7 +227,13 @@ class SandboxService:
       self._tasks.append(asyncio.ensure_future(self._watch_events(b)))
     self._tasks.append(asyncio.ensure_future(self._reaper()))
     self.started = True
-    self.audit.record("service_start", service=self.name, engines=self.engine_urls, adopted=self.adopted, reaped=self.reaped)
+    self.audit.record(
+      "service_start",
+      service=self.name,
+      engines=self.engine_urls,
+      adopted=self.adopted,
+      reaped=self.reaped,
+    )
     return self
 
   async def close(self) -> None:
@@ -213,12 +248,16 @@ class SandboxService:
     for env_id in list(self.envs):
       await self.env_close(env_id)
     jobs = []
-    for key, dq in self.pools.items():
+    for dq in self.pools.values():
       while dq:
         engine, made, spec = dq.popleft()
         jobs.append(self._drop_pooled(engine, made, spec))
     if not self.keep_on_close:
-      jobs += [self.delete(sid, reason="service closed") for sid, r in list(self.sandboxes.items()) if r.state != "deleted"]
+      jobs += [
+        self.delete(sid, reason="service closed")
+        for sid, r in list(self.sandboxes.items())
+        if r.state != "deleted"
+      ]
     await asyncio.gather(*jobs, return_exceptions=True)
     self.audit.record("service_stop", service=self.name, kept=self.keep_on_close)
     for b in self.backends.values():
@@ -246,7 +285,9 @@ class SandboxService:
       if not (mine or dead_owner(lab)):
         continue
       names = [n.lstrip("/") for n in c.get("Names") or []]
-      sid = next((n[4:] for n in names if n.startswith("ale-sb-") and not n.endswith("-rocklet")), None)
+      sid = next(
+        (n[4:] for n in names if n.startswith("ale-sb-") and not n.endswith("-rocklet")), None
+      )
       role = lab.get(bk.L_ROLE)
       if mine and c.get("State") == "running" and role in ("sandbox", "pool") and sid:
         adopt.setdefault(sid, {})["container"] = c
@@ -273,8 +314,15 @@ class SandboxService:
         continue
       deadline = float(lab.get(bk.L_DEADLINE) or (time.time() + spec.ttl_s))
       rec = SandboxRecord(
-        id=sid, engine=b.name, spec=spec, state="running", container=c["Id"], network=net,
-        rocklet=rocklet["Id"] if rocklet else None, deadline=deadline, created_at=float(c.get("Created", time.time())),
+        id=sid,
+        engine=b.name,
+        spec=spec,
+        state="running",
+        container=c["Id"],
+        network=net,
+        rocklet=rocklet["Id"] if rocklet else None,
+        deadline=deadline,
+        created_at=float(c.get("Created", time.time())),
       )
       rec.ready.set()
       self.sandboxes[sid] = rec
@@ -293,7 +341,11 @@ class SandboxService:
         self.reaped.append(n["Id"])
 
   async def _watch_events(self, b: bk.DockerBackend) -> None:
-    filters = {"type": ["container"], "label": [f"{bk.L_SERVICE}={self.name}"], "event": ["die", "oom"]}
+    filters = {
+      "type": ["container"],
+      "label": [f"{bk.L_SERVICE}={self.name}"],
+      "event": ["die", "oom"],
+    }
     while True:
       try:
         async for ev in b.engine.events(filters):
@@ -346,10 +398,11 @@ class SandboxService:
             continue
           nxt = min(nxt, self.idle_timeout_s - idle)
       self._wake.clear()
+      waiter = asyncio.ensure_future(self._wake.wait())
       try:
-        await asyncio.wait_for(self._wake.wait(), max(0.05, nxt))
-      except TimeoutError:
-        pass
+        await asyncio.wait({waiter}, timeout=max(0.05, nxt))
+      finally:
+        waiter.cancel()
 
   def _spawn(self, coro) -> asyncio.Task:
     t = asyncio.ensure_future(coro)
@@ -359,7 +412,9 @@ class SandboxService:
 
   # ------------------------------------------------------------ sandboxes
 
-  def _labels(self, sid: str | None, role: str, spec: SandboxSpec, deadline: float | None) -> dict[str, str]:
+  def _labels(
+    self, sid: str | None, role: str, spec: SandboxSpec, deadline: float | None
+  ) -> dict[str, str]:
     lab = {
       **{f"ale.user.{k}": v for k, v in spec.labels},
       **bk.owner_labels(self.name),
@@ -378,7 +433,9 @@ class SandboxService:
       raise NotFound(f"no sandbox {sid!r}; list them with GET /v1/sandboxes")
     return r
 
-  async def create(self, spec: SandboxSpec, *, wait: bool = True, admission_timeout_s: float | None = None) -> SandboxRecord:
+  async def create(
+    self, spec: SandboxSpec, *, wait: bool = True, admission_timeout_s: float | None = None
+  ) -> SandboxRecord:
     """Admits, places and starts a sandbox (from the warm pool when one is ready)."""
     if not self.started:
       raise SandboxError("the sandbox service is not started", status=503)
@@ -391,20 +448,26 @@ class SandboxService:
     dq = self.pools.get(key)
     if dq:
       engine, made, _ = dq.popleft()
-      rec = SandboxRecord(id=sid, engine=engine, spec=spec, deadline=time.time() + spec.ttl_s, from_pool=True, **made)
+      rec = SandboxRecord(
+        id=sid, engine=engine, spec=spec, deadline=time.time() + spec.ttl_s, from_pool=True, **made
+      )
       rec.state = "running"
       self.sandboxes[sid] = rec
       self.by_container[rec.container] = rec
       rec.ready.set()
+      self._wake.set()  # the reaper recomputes its next deadline
       self.counters["pool_hits"] += 1
       self._spawn(self.backends[engine].rename(rec.container, f"ale-{sid}"))
       self._refill(key)
-      self.audit.record("create", id=sid, image=spec.image, pool=True, engine=engine, spec=spec.to_request())
+      self.audit.record(
+        "create", id=sid, image=spec.image, pool=True, engine=engine, spec=spec.to_request()
+      )
       return rec
     await self.backends[next(iter(self.backends))].image_id(spec.from_snapshot or spec.image)
     engine = await self.admission.acquire(spec.cpus, spec.memory_mb, timeout)
     rec = SandboxRecord(id=sid, engine=engine, spec=spec, deadline=time.time() + spec.ttl_s)
     self.sandboxes[sid] = rec
+    self._wake.set()
     task = self._spawn(self._start_sandbox(rec))
     self._refill(key)
     if wait:
@@ -417,7 +480,10 @@ class SandboxService:
     b = self.backends[rec.engine]
     try:
       made = await b.create_container(
-        rec.spec, f"ale-{rec.id}", self._labels(rec.id, "sandbox", rec.spec, rec.deadline), service=self.name
+        rec.spec,
+        f"ale-{rec.id}",
+        self._labels(rec.id, "sandbox", rec.spec, rec.deadline),
+        service=self.name,
       )
       rec.container, rec.network, rec.rocklet = made["container"], made["network"], made["rocklet"]
       self.by_container[rec.container] = rec
@@ -428,7 +494,14 @@ class SandboxService:
         return
       rec.state = "running"
       self.counters["created"] += 1
-      self.audit.record("create", id=rec.id, image=rec.spec.image, pool=False, engine=rec.engine, spec=rec.spec.to_request())
+      self.audit.record(
+        "create",
+        id=rec.id,
+        image=rec.spec.image,
+        pool=False,
+        engine=rec.engine,
+        spec=rec.spec.to_request(),
+      )
     except Exception as e:
       rec.state = "failed"
       rec.reason = str(e)
@@ -458,7 +531,10 @@ class SandboxService:
         b = self.backends[engine]
         try:
           made = await b.create_container(
-            spec, f"ale-pool-{secrets.token_hex(6)}", self._labels(None, "pool", spec, None), service=self.name
+            spec,
+            f"ale-pool-{secrets.token_hex(6)}",
+            self._labels(None, "pool", spec, None),
+            service=self.name,
           )
         except Exception as e:
           await self.admission.release(engine, spec.cpus, spec.memory_mb)
@@ -505,7 +581,12 @@ class SandboxService:
     if rec.rocklet:
       try:
         for ev in await b.rocklet_events(rec.rocklet):
-          self.audit.record("egress", id=sid, **{k: v for k, v in ev.items() if k not in ("event",)}, kind=ev.get("event"))
+          self.audit.record(
+            "egress",
+            id=sid,
+            **{k: v for k, v in ev.items() if k not in ("event",)},
+            kind=ev.get("event"),
+          )
       except Exception as e:
         log.warning("collecting egress log of %s: %r", sid, e)
     try:
@@ -558,7 +639,10 @@ class SandboxService:
     stdin: str | bytes | None = None,
   ) -> ExecResult:
     rec = await self._running(sid)
-    if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+    if env is not None and not (
+      isinstance(env, dict)
+      and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
       raise BadRequest(f"env must be an object of string to string, got {env!r}")
     if cwd is not None and not (isinstance(cwd, str) and cwd.startswith("/")):
       raise BadRequest(f"cwd must be an absolute path, got {cwd!r}")
@@ -567,7 +651,14 @@ class SandboxService:
     elif stdin is not None and not isinstance(stdin, bytes):
       raise BadRequest(f"stdin must be a string or null, got {type(stdin).__name__}")
     res = await self.backends[rec.engine].exec(
-      rec.container, cmd, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin, cap=self.max_output_bytes, image=rec.spec.image
+      rec.container,
+      cmd,
+      timeout_s=timeout_s,
+      cwd=cwd,
+      env=env,
+      stdin=stdin,
+      cap=self.max_output_bytes,
+      image=rec.spec.image,
     )
     rec.execs += 1
     rec.last_used = time.monotonic()
@@ -633,15 +724,18 @@ class SandboxService:
     if kwargs is not None and not isinstance(kwargs, dict):
       raise BadRequest(f"kwargs must be an object, got {kwargs!r}")
     try:
-      import ale.envs as envs  # noqa: PLC0415 (envs sits above sandbox; imported lazily)
       import gymnasium  # noqa: PLC0415
+
+      import ale.envs as envs  # noqa: PLC0415 (envs sits above sandbox; imported lazily)
     except ImportError as e:
       raise SandboxError(f"ale.envs is not importable: {e}", status=501) from None
+    known = envs.list_envs() if hasattr(envs, "list_envs") else None
+    if known is not None and env_id not in known:
+      raise NotFound(f"unknown env id {env_id!r}; registered: {known}")
     try:
       env = await asyncio.to_thread(envs.make, env_id, **(kwargs or {}))
-    except gymnasium.error.Error as e:
-      known = getattr(envs, "list_envs", lambda: [])()
-      raise NotFound(f"unknown env id {env_id!r} ({e}); known: {known}") from None
+    except (gymnasium.error.Error, KeyError) as e:
+      raise NotFound(f"unknown env id {env_id!r} ({e}); registered: {known}") from None
     except TypeError as e:
       raise BadRequest(f"bad kwargs for {env_id!r}: {e}") from None
     eid = "env-" + secrets.token_hex(6)
@@ -655,25 +749,35 @@ class SandboxService:
       raise NotFound(f"no environment {eid!r}; make one with POST /v1/envs")
     return env
 
-  async def env_reset(self, eid: str, seed: int | None = None, options: dict | None = None) -> dict[str, Any]:
+  async def env_reset(
+    self, eid: str, seed: int | None = None, options: dict | None = None
+  ) -> dict[str, Any]:
     env = self._env(eid)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
       raise BadRequest(f"seed must be an integer or null, got {seed!r}")
-    if hasattr(env, "areset"):
-      obs, info = await env.areset(seed=seed, options=options)
-    else:
-      obs, info = await asyncio.to_thread(env.reset, seed=seed, options=options)
+    async with _env_errors():
+      if hasattr(env, "areset"):
+        obs, info = await env.areset(seed=seed, options=options)
+      else:
+        obs, info = await asyncio.to_thread(env.reset, seed=seed, options=options)
     return {"observation": obs, "info": info}
 
   async def env_step(self, eid: str, action: Any) -> dict[str, Any]:
     env = self._env(eid)
     if not isinstance(action, str):
       raise BadRequest(f"action must be a string, got {type(action).__name__}")
-    if hasattr(env, "astep"):
-      obs, reward, term, trunc, info = await env.astep(action)
-    else:
-      obs, reward, term, trunc, info = await asyncio.to_thread(env.step, action)
-    return {"observation": obs, "reward": float(reward), "terminated": bool(term), "truncated": bool(trunc), "info": info}
+    async with _env_errors():
+      if hasattr(env, "astep"):
+        obs, reward, term, trunc, info = await env.astep(action)
+      else:
+        obs, reward, term, trunc, info = await asyncio.to_thread(env.step, action)
+    return {
+      "observation": obs,
+      "reward": float(reward),
+      "terminated": bool(term),
+      "truncated": bool(trunc),
+      "info": info,
+    }
 
   async def env_close(self, eid: str) -> None:
     env = self.envs.pop(eid, None)
@@ -694,19 +798,29 @@ class SandboxService:
       "service": self.name,
       "engines": engines,
       "sandboxes": len(self.sandboxes),
-      "capacity": {n: dataclasses.asdict(c) for n, c in self.admission.caps.items()} if self.admission else {},
+      "capacity": {n: dataclasses.asdict(c) for n, c in self.admission.caps.items()}
+      if self.admission
+      else {},
     }
 
   def metrics(self) -> str:
     states = collections.Counter(r.state for r in self.sandboxes.values())
     pooled = sum(len(d) for d in self.pools.values())
-    lines = ["# HELP ale_sandbox_sandboxes Sandboxes by state.", "# TYPE ale_sandbox_sandboxes gauge"]
+    lines = [
+      "# HELP ale_sandbox_sandboxes Sandboxes by state.",
+      "# TYPE ale_sandbox_sandboxes gauge",
+    ]
     for st in ("pending", "running", "failed"):
       lines.append(f'ale_sandbox_sandboxes{{state="{st}"}} {states.get(st, 0)}')
     lines.append(f'ale_sandbox_sandboxes{{state="pooled"}} {pooled}')
-    lines += ["# HELP ale_sandbox_exec_seconds Exec round trip inside the service.", "# TYPE ale_sandbox_exec_seconds histogram"]
+    lines += [
+      "# HELP ale_sandbox_exec_seconds Exec round trip inside the service.",
+      "# TYPE ale_sandbox_exec_seconds histogram",
+    ]
     for le, n in zip(EXEC_BUCKETS, itertools.accumulate(self.exec_hist), strict=True):
-      lines.append(f'ale_sandbox_exec_seconds_bucket{{le="{"+Inf" if le == float("inf") else le}"}} {n}')
+      lines.append(
+        f'ale_sandbox_exec_seconds_bucket{{le="{"+Inf" if le == float("inf") else le}"}} {n}'
+      )
     lines.append(f"ale_sandbox_exec_seconds_sum {self.exec_sum:.6f}")
     lines.append(f"ale_sandbox_exec_seconds_count {self.counters['execs']}")
     rejected = self.admission.rejected if self.admission else 0
@@ -719,7 +833,11 @@ class SandboxService:
       ("failed_total", "Sandboxes that failed.", self.counters["failed"]),
       ("deleted_total", "Sandboxes deleted.", self.counters["deleted"]),
     ):
-      lines += [f"# HELP ale_sandbox_{name} {help_}", f"# TYPE ale_sandbox_{name} counter", f"ale_sandbox_{name} {val}"]
+      lines += [
+        f"# HELP ale_sandbox_{name} {help_}",
+        f"# TYPE ale_sandbox_{name} counter",
+        f"ale_sandbox_{name} {val}",
+      ]
     return "\n".join(lines) + "\n"
 
 
@@ -746,14 +864,21 @@ async def _errors(request: web.Request, handler):
     return await handler(request)
   except SandboxError as e:
     headers = {"Retry-After": str(int(e.retry_after + 0.999))} if e.retry_after else None
-    return web.json_response({"error": str(e), "status": e.status}, status=e.status, headers=headers)
+    return web.json_response(
+      {"error": str(e), "status": e.status}, status=e.status, headers=headers
+    )
   except web.HTTPException:
     raise
   except asyncio.CancelledError:
     raise
   except Exception as e:  # a service never crashes on one request
     log.exception("internal error on %s %s", request.method, request.path)
-    return web.json_response({"error": f"internal error: {type(e).__name__}: {e}", "status": 500}, status=500)
+    return web.json_response(
+      {"error": f"internal error: {type(e).__name__}: {e}", "status": 500}, status=500
+    )
+
+
+SERVICE_KEY = web.AppKey("service", SandboxService)
 
 
 def make_app(service: SandboxService, *, manage_lifecycle: bool = True) -> web.Application:
@@ -882,7 +1007,7 @@ def make_app(service: SandboxService, *, manage_lifecycle: bool = True) -> web.A
   async def env_step(req):
     body = await _json(req)
     if not isinstance(body, dict) or "action" not in body:
-      raise BadRequest("step body must be {\"action\": \"...\"}")
+      raise BadRequest('step body must be {"action": "..."}')
     out = await S.env_step(req.match_info["id"], body["action"])
     return web.json_response(out, dumps=lambda o: json.dumps(o, default=str))
 
@@ -901,7 +1026,7 @@ def make_app(service: SandboxService, *, manage_lifecycle: bool = True) -> web.A
     return web.Response(text=S.metrics(), content_type="text/plain")
 
   app.add_routes(r)
-  app["service"] = service
+  app[SERVICE_KEY] = service
   if manage_lifecycle:
 
     async def _startup(app):

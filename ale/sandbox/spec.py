@@ -170,7 +170,9 @@ class SandboxSpec:
       kw["read_only"] = body["read_only"]
     for name in ("env", "labels"):
       v = body.get(name) or {}
-      if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+      if not isinstance(v, dict) or not all(
+        isinstance(k, str) and isinstance(x, str) for k, x in v.items()
+      ):
         raise BadRequest(f"{name} must be an object of string to string, got {v!r}")
       if name == "env":
         bad = [k for k in v if not _ENV_NAME.match(k)]

@@ -111,3 +111,16 @@ def test_jit_friendly():
   pm = np.array([[0, 1, 1, 0, 1]], bool)
   f = jax.jit(lambda p, a: ipa.chunk_returns(ipa.segment_chunks(p), a, 0.5))
   np.testing.assert_allclose(f(pm, np.array([2.0])), [[0, 1, 1, 0, 2]])
+
+
+def test_float_path_equals_packed_path(monkeypatch):
+  """The CPU complex64 packing of channel pairs gives the plain float32 sums bit for bit."""
+  rng = np.random.default_rng(6)
+  pm = jnp.asarray(random_policy_mask(rng, 4, 50))
+  ids = ipa.segment_chunks(pm)
+  xs = [jnp.asarray(rng.normal(size=(4, 50)), jnp.float32) for _ in range(3)]
+  packed = jax.jit(lambda *v: chunks.chunk_sums(list(v), ids, pm))(*xs)
+  monkeypatch.setattr(chunks, "_pack_pairs", lambda: False)
+  plain = jax.jit(lambda *v: chunks.chunk_sums(list(v), ids, pm))(*xs)
+  for a, b in zip(packed, plain, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -3,9 +3,9 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import hf_forward, make_hf_model
 
 from ale.models import from_pretrained
+from tests.models.hf_reference import hf_forward, make_hf_model
 
 CONFIGS = {
   # GQA 4:2, head_dim 12 != hidden/heads, a dense layer in the stack, no top-k renorm, untied.

@@ -1,7 +1,6 @@
-"""Helpers for model tests: small random Hugging Face Qwen3-MoE models (torch, CPU)."""
+"""Reference helpers for model tests: small random Hugging Face Qwen3-MoE models (torch, CPU)."""
 
 import numpy as np
-import pytest
 
 BASE = dict(
   vocab_size=96,
@@ -52,8 +51,3 @@ def hf_forward(model, ids, attention_mask=None):
     )
   aux = None if out.aux_loss is None else float(out.aux_loss)
   return out.logits.float().numpy(), aux
-
-
-@pytest.fixture
-def hf_factory():
-  return make_hf_model
