@@ -109,7 +109,7 @@ def main(argv):
   returns = ipa.chunk_returns(chunk_ids, jnp.asarray([reward], jnp.float32), gamma=0.9)
   n_chunks = int(ipa.num_chunks(chunk_ids)[0])
   rec.stage("chat", time.perf_counter() - t0, f"{tokens.shape[1]} tokens, {int(policy_mask.sum())} policy tokens in {n_chunks} chunks; "
-            f"chunk returns {np.unique(np.asarray(returns)[np.asarray(chunk_ids) >= 0]).round(3).tolist()}",
+            f"chunk returns {[round(float(g), 3) for g in np.unique(np.asarray(returns)[np.asarray(chunk_ids) >= 0])]}",
             tokens=int(tokens.shape[1]), policy_tokens=int(policy_mask.sum()), chunks=n_chunks)
 
   # 3. model

@@ -231,3 +231,13 @@ def test_sync_client(base_image):
     sb.write("/tmp/a", b"1")
     assert sb.read("/tmp/a") == b"1"
     assert [s["id"] for s in c.list()] == [sb.id]
+
+
+async def test_placement_across_engines(base_image):
+  sock = "unix:///var/run/docker.sock"  # two worker "hosts" backed by the same engine
+  async with Client(engines=[sock, sock], max_sandboxes=1, admission_timeout_s=0) as c:
+    a, b = await c.create(), await c.create()
+    assert {a.info["engine"], b.info["engine"]} == {"engine0", "engine1"}
+    with pytest.raises(OverCapacity):
+      await c.create()
+    assert (await b.exec("echo b")).stdout == "b\n"

@@ -1,0 +1,144 @@
+"""The chunk level's sub-block fast path (ale.ipa.units) vs the NumPy loop reference.
+
+tests/ipa/test_losses.py's batches have chunks of 1–6 tokens, so their sub-blocks mix
+chunks and `ipa_loss` takes the scatter fallback; here the chunks and gaps are long, as
+in real packed trajectories, so the sub-block path runs (asserted), with T not a
+multiple of the sub-block size, all special rows, NaN padding, IL and `steps_to_end`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ale import ipa
+from ale.ipa import losses, units
+from tests.ipa import reference as ref
+from tests.ipa.batches import random_batch
+from tests.ipa.test_losses import CONFIGS, IL_CONFIGS, to_batch
+
+B, T = 8, 203  # T % 16 != 0: the last sub-block is padded
+
+
+def long_chunk_mask(rng: np.random.Generator, b: int, t: int, gap: int = 16) -> np.ndarray:
+  """Chunks of 1–60 tokens separated by ≥ `gap` observation tokens, then padding."""
+  pm = np.zeros((b, t), bool)
+  for r in range(b):
+    s = int(rng.integers(0, 20))
+    end = t - int(rng.integers(0, t // 4))
+    while s < end:
+      n = int(rng.integers(1, 60))
+      pm[r, s : min(s + n, end)] = True
+      s += n + int(rng.integers(gap, gap + 30))
+  return pm
+
+
+def fitting_batch(seed: int, *, il: bool = False) -> tuple[np.ndarray, dict]:
+  rng = np.random.default_rng(seed)
+  logp, batch = random_batch(rng, B, T, il=il, nan_padding=False)
+  pm = long_chunk_mask(rng, B, T)
+  pm[0] = False  # no chunk
+  pm[1] = False
+  pm[1, 5:90] = True  # one chunk
+  batch["policy_mask"] = pm
+  if il:
+    batch["il_mask"] = batch["il_mask"] & pm
+  for arr in (logp, batch["old_logp"], batch["behavior_logp"]):
+    arr[~pm] = np.nan
+  _, fits = units.sub_block_layout(ipa.segment_chunks(pm))
+  assert bool(fits), "the test batch must take the sub-block path"
+  return logp, batch
+
+
+def _check(cfg: ipa.IPAConfig, logp: np.ndarray, batch: dict, name: str) -> None:
+  fn = jax.jit(jax.value_and_grad(lambda lp, b: ipa.ipa_loss(lp, b, cfg), has_aux=True))
+  (loss, metrics), grad = fn(jnp.asarray(logp), to_batch(batch))
+  want_loss, want_metrics, w_scaled = ref.ipa_loss(logp, batch, cfg)
+  np.testing.assert_allclose(float(loss), want_loss, rtol=2e-5, atol=1e-6, err_msg=name)
+  assert set(want_metrics) == set(metrics)
+  for k, v in want_metrics.items():
+    np.testing.assert_allclose(float(metrics[k]), v, rtol=2e-5, atol=1e-6, err_msg=f"{name}:{k}")
+  np.testing.assert_allclose(np.asarray(grad), -w_scaled, rtol=2e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_sub_block_path_matches_reference(name):
+  logp, batch = fitting_batch(hash(name) % 1000)
+  _check(ipa.IPAConfig(**CONFIGS[name]), logp, batch, name)
+
+
+@pytest.mark.parametrize("name", list(IL_CONFIGS))
+def test_sub_block_path_il_matches_reference(name):
+  logp, batch = fitting_batch(17, il=True)
+  _check(ipa.IPAConfig(**IL_CONFIGS[name]), logp, batch, name)
+
+
+@pytest.mark.parametrize("kind", ["row", "chunk", "token"])
+def test_steps_to_end_matches_reference(kind):
+  logp, batch = fitting_batch(23)
+  rng = np.random.default_rng(5)
+  batch["steps_to_end"] = {
+    "row": rng.integers(0, 6, (B,)),
+    "chunk": rng.integers(0, 6, (B, 9)),
+    "token": rng.integers(0, 6, (B, T)),
+  }[kind]
+  cfg = ipa.IPAConfig(granularity="chunk", gamma=0.8, mismatch_threshold=2.0)
+  _check(cfg, logp, batch, kind)
+  # and on the scatter fallback (short chunks)
+  logp, batch2 = random_batch(np.random.default_rng(6), B, 40)
+  batch2["steps_to_end"] = (
+    batch["steps_to_end"][:, :40] if kind == "token" else batch["steps_to_end"]
+  )
+  _check(cfg, logp, batch2, kind + "/fallback")
+
+
+@pytest.mark.parametrize("name", ["ipa_chunk", "chunk_band", "token_return_chunk_ratio"])
+def test_sub_block_and_scatter_spaces_agree(name):
+  """Both chunk unit spaces give the same weights and metrics on a fitting layout."""
+  cfg = ipa.IPAConfig(**CONFIGS[name])
+  logp, batch = fitting_batch(31, il=True)
+  b = to_batch(batch)
+  w_rl, w_il, aux = losses._weights(jnp.asarray(logp), b, cfg)
+  ids = ipa.segment_chunks(b.policy_mask)
+  sb, _ = units.sub_block_layout(ids)
+  p = jnp.asarray(batch["policy_mask"])
+  il = p & jnp.asarray(batch["il_mask"])
+  arrays = dict(
+    lp=jnp.asarray(logp), rl=p & ~il, il=il, adv=b.advantages, old=b.old_logp,
+    beh=b.behavior_logp, r_star=b.expert_reward, steps=None, chunk_ids=ids,
+  )  # fmt: skip
+  fast = losses._unit_weights(arrays, cfg, units.SubBlockChunkUnits(ids, sb))
+  general = losses._unit_weights(arrays, cfg, units.ScatterChunkUnits(ids))
+  for x, y in zip(jax.tree.leaves(fast), jax.tree.leaves(general), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-9)
+  np.testing.assert_allclose(np.asarray(w_rl), np.asarray(fast[0]), rtol=1e-6, atol=1e-9)
+
+
+def test_sub_block_layout():
+  ids = np.full((3, 40), -1)
+  ids[0, 2:10] = 0
+  ids[0, 20:35] = 1  # crosses the sub-block boundary at 32: fine
+  ids[1, 0:16] = 0
+  ids[1, 16:17] = 1  # a new chunk right at a sub-block start: fine
+  sb, fits = units.sub_block_layout(jnp.asarray(ids))
+  np.testing.assert_array_equal(np.asarray(sb), [[0, 1, 1], [0, 1, -1], [-1, -1, -1]])
+  assert bool(fits)
+  ids[2, 33] = 0
+  ids[2, 36] = 1  # two chunks in the last (padded) sub-block
+  assert not bool(units.sub_block_layout(jnp.asarray(ids))[1])
+
+
+def test_short_chunks_take_the_fallback():
+  """test_losses' batches exercise the scatter path (mixed sub-blocks)."""
+  _, batch = random_batch(np.random.default_rng(0), 8, 40)
+  assert not bool(units.sub_block_layout(ipa.segment_chunks(batch["policy_mask"]))[1])
+
+
+def test_vmap_over_fitting_batches():
+  cfg = ipa.IPAConfig(**CONFIGS["ipa_chunk"])
+  batches = [fitting_batch(s) for s in (41, 42)]
+  logps = jnp.stack([jnp.asarray(lp) for lp, _ in batches])
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), *[to_batch(b) for _, b in batches])
+  losses_, _ = jax.jit(jax.vmap(lambda lp, b: ipa.ipa_loss(lp, b, cfg)))(logps, stacked)
+  for i, (lp, b) in enumerate(batches):
+    np.testing.assert_allclose(float(losses_[i]), ref.ipa_loss(lp, b, cfg)[0], rtol=2e-5)
