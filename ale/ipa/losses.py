@@ -288,11 +288,13 @@ def _unit_weights(a: dict, config: IPAConfig, chunk_units) -> tuple[Array, Array
     is_w = 1.0
   g_rl = adv[:, None] if disc is None else at(disc_level, disc) * adv[:, None]
   f_rl = config.lambda_rl * g_rl * is_w  # E11 / E5
-  keep_c = None
-  if config.masking:
-    keep_c = at(mask_level, keep)
-    f_rl = jnp.where(keep_c, f_rl, 0.0)
-  w_rl = jnp.where(rl, space.to_tokens(f_rl), 0.0)
+  keep_c = at(mask_level, keep) if config.masking else None
+  if common == "token":
+    w_rl = jnp.where(rl if keep_c is None else rl & keep_c, f_rl, 0.0)
+  else:
+    if keep_c is not None:
+      f_rl = jnp.where(keep_c, f_rl, 0.0)
+    w_rl = jnp.where(rl, space.to_tokens(f_rl), 0.0)
 
   if il is not None:  # E12 imitation term on the expert prefix: no IS, no mask
     r_star = jnp.ones_like(adv) if a["r_star"] is None else a["r_star"]
@@ -307,35 +309,43 @@ def _unit_weights(a: dict, config: IPAConfig, chunk_units) -> tuple[Array, Array
   else:
     w_il = jnp.zeros(shape, jnp.float32)
 
-  # Metrics over RL tokens, as count-weighted sums over the entries of `space`.
+  # Metrics over RL tokens: per token, or as local-count-weighted sums over the
+  # entries of the common unit space (where `common` is the ratio level).
   f32 = jnp.float32
-  wgt = at(ratio_level, r_local) if common == ratio_level else rl.astype(f32)
-  on = wgt > 0
-  n_rl = jnp.sum(wgt)
-  denom = jnp.maximum(n_rl, 1.0)
+  if common == "token":
+    on = rl
 
-  def mean(x: Array) -> Array:
-    return jnp.sum(jnp.where(on, wgt * x, 0.0)) / denom
+    def total(m: Array) -> Array:
+      return jnp.sum(m, dtype=f32)
+
+    def mean(x: Array) -> Array:
+      return jnp.sum(jnp.where(rl, x, 0.0)) / denom
+  else:
+    on = r_local > 0
+
+    def total(m: Array) -> Array:
+      return jnp.sum(jnp.where(m, r_local, 0.0))
+
+    def mean(x: Array) -> Array:
+      return jnp.sum(jnp.where(on, r_local * x, 0.0)) / denom
 
   def top(x: Array) -> Array:
-    return jnp.max(jnp.where(on, jnp.broadcast_to(x, wgt.shape), 0.0))
+    return jnp.max(jnp.where(on, x, 0.0))
 
+  n_rl = total(on)
+  denom = jnp.maximum(n_rl, 1.0)
   stats = {
     "num_rl_tokens": n_rl,
-    "masked_fraction": jnp.sum(jnp.where(on & ~keep_c, wgt, 0.0)) / denom
-    if config.masking
-    else f32(0),
+    "masked_fraction": total(on & ~keep_c) / denom if config.masking else f32(0),
     "ratio_mean": mean(ratio_c),
     "ratio_max": top(ratio_c),
   }
   if use_is:
     lo, hi = config.ratio_clip
     is_rows = jnp.ones_like(adv, bool) if not config.topr else adv <= 0
-    w_is = jnp.where(is_rows[:, None] & on, wgt, 0.0)
-    clipped = (ratio_c < lo) | (ratio_c > hi)
-    stats["clip_fraction"] = jnp.sum(jnp.where(clipped, w_is, 0.0)) / jnp.maximum(
-      jnp.sum(w_is), 1.0
-    )
+    is_tok = on & is_rows[:, None]
+    clipped = is_tok & ((ratio_c < lo) | (ratio_c > hi))
+    stats["clip_fraction"] = total(clipped) / jnp.maximum(total(is_tok), 1.0)
   else:
     stats["clip_fraction"] = f32(0)
   if config.masking:

@@ -45,9 +45,10 @@ def sub_block_layout(chunk_ids: Array, size: int = SUB_BLOCK) -> tuple[Array, Ar
   """Chunk id of every sub-block of `size` tokens, and whether no sub-block is mixed.
 
   Returns (`[B, ⌈T/size⌉]` int32: the largest chunk id in the sub-block, −1 when it holds
-  no chunk token; scalar bool `fits`: every chunk token of a sub-block has that id).
-  Chunks must be runs of consecutive ids (as `segment_chunks` numbers them), so when
-  `fits` each chunk covers whole sub-blocks' chunk tokens and K ≤ ⌈T/size⌉.
+  no chunk token; scalar bool `fits`: every chunk token of a sub-block has that id, and
+  every id is below ⌈T/size⌉). Chunks need not be contiguous: sub-blocks are grouped by
+  id, as the scatter path groups tokens. `segment_chunks` ids always satisfy the bound
+  when no sub-block is mixed (each chunk then owns at least one sub-block).
   """
   cb = _pad_blocks(jnp.asarray(chunk_ids).astype(jnp.int32), size, -1)
   # Max and min over the `size` strided columns: one fused elementwise loop (a reduce
@@ -59,7 +60,8 @@ def sub_block_layout(chunk_ids: Array, size: int = SUB_BLOCK) -> tuple[Array, Ar
     v = cb[:, :, g]
     sb = jnp.maximum(sb, v)
     lo = jnp.minimum(lo, jnp.where(v >= 0, v, big))
-  fits = jnp.all((sb < 0) | (sb == lo))
+  # Chunk k is entry k of the per-row segment sum over sub-blocks, so ids must be < n.
+  fits = jnp.all(((sb < 0) | (sb == lo)) & (sb < sb.shape[1]))
   return sb, fits
 
 

@@ -174,7 +174,7 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   Without a mesh context this is the identity, so the model runs unchanged on one device.
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh is None or mesh.empty:
+  if mesh is None or mesh.empty or mesh.manual_axes:  # no mesh, or inside a shard_map
     return x
   spec = logical_to_spec(names, _ACTIVE_RULES[-1], mesh, x.shape)
   return jax.lax.with_sharding_constraint(x, spec)

@@ -126,6 +126,20 @@ def test_sub_block_layout():
   ids[2, 33] = 0
   ids[2, 36] = 1  # two chunks in the last (padded) sub-block
   assert not bool(units.sub_block_layout(jnp.asarray(ids))[1])
+  ids[2] = -1
+  ids[2, 0:3] = 3  # an id ≥ the number of sub-blocks cannot be an entry
+  assert not bool(units.sub_block_layout(jnp.asarray(ids))[1])
+
+
+def test_non_contiguous_ids_group_like_scatter():
+  """A chunk id used by two separate runs is one unit on both paths (grouped by id)."""
+  logp, batch = fitting_batch(9)
+  ids = np.asarray(ipa.segment_chunks(batch["policy_mask"]))
+  ids = np.where(ids >= 0, ids % 2, -1)  # chunks 0, 2, 4, … share id 0; 1, 3, … id 1
+  batch["chunk_ids"] = ids
+  assert bool(units.sub_block_layout(jnp.asarray(ids))[1])
+  cfg = ipa.IPAConfig(granularity="chunk", gamma=0.9, mismatch_threshold=2.0)
+  _check(cfg, logp, batch, "non-contiguous")
 
 
 def test_short_chunks_take_the_fallback():
