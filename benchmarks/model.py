@@ -7,6 +7,14 @@ cores). Rows: the transformers baseline (its default experts implementation, rep
 then ale with each dispatch: "blocked" (the CPU default of moe_impl="auto"), "ragged"
 (`jax.lax.ragged_dot`) and "dense" (all experts on all tokens).
 
+Threads: torch splits each op over `torch.set_num_threads(N)` threads. XLA:CPU runs each
+op on one thread (it only overlaps independent ops), so ale also gets a data-parallel
+row: N simulated host devices (`--xla_force_host_platform_device_count=N`, one thread
+each), the batch split over a `data` mesh axis, weights replicated, the MoE dispatch per
+shard (`jax.shard_map`) -- N threads for both frameworks. Times are the median of
+interleaved rounds, wall clock and process CPU time (a shared machine: CPU time is the
+steadier of the two).
+
     python3 benchmarks/model.py [--batch 4 --seq 256 --steps 5 --threads N]
 """
 
@@ -34,9 +42,7 @@ def parse():
 
 ARGS = parse()
 # XLA:CPU sizes its intra-op pool from the visible cores: restrict both frameworks alike.
-os.environ.setdefault(
-  "XLA_FLAGS", f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={ARGS.threads}"
-)
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={ARGS.threads}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if ARGS.threads < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
   os.sched_setaffinity(0, set(range(ARGS.threads)))
@@ -49,7 +55,15 @@ import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from ale.models import Qwen3MoeForCausalLM, count_params, get_preset, moe  # noqa: E402
+from ale.models import (  # noqa: E402
+  Qwen3MoeForCausalLM,
+  batch_sharding,
+  count_params,
+  get_preset,
+  make_mesh,
+  moe,
+  shard_model,
+)
 
 
 def interleaved(fns: dict, steps: int, warmup: int) -> dict:
@@ -59,12 +73,15 @@ def interleaved(fns: dict, steps: int, warmup: int) -> dict:
     for _ in range(warmup):
       fn()
   times = {k: [] for k in fns}
+  cpu = {k: [] for k in fns}
   for _ in tqdm(range(steps), desc="timing rounds", leave=False):
     for name, fn in fns.items():
-      t = time.perf_counter()
+      t, c = time.perf_counter(), time.process_time()
       fn()
       times[name].append(time.perf_counter() - t)
-  return {k: statistics.median(v) for k, v in times.items()}
+      cpu[name].append(time.process_time() - c)
+  med = statistics.median
+  return {k: med(v) for k, v in times.items()}, {k: med(v) for k, v in cpu.items()}
 
 
 def moe_block_step(cfg, impl, ntok):
@@ -86,8 +103,13 @@ def moe_block_step(cfg, impl, ntok):
   return lambda: jax.block_until_ready(step(x, wr, ws))
 
 
-def ale_step(cfg, impl, ids):
+def ale_step(cfg, impl, ids, devices=1):
   model = Qwen3MoeForCausalLM(cfg.replace(moe_impl=impl), rngs=nnx.Rngs(0))
+  mesh = None
+  if devices > 1:  # data parallel over host devices: batch split, weights replicated
+    mesh = make_mesh(data=devices, fsdp=1, devices=jax.devices()[:devices])
+    shard_model(model, mesh)
+    ids = jax.device_put(ids, batch_sharding(mesh, shape=ids.shape))
   graphdef, state = nnx.split(model)
 
   def loss_fn(state, ids):
@@ -97,7 +119,14 @@ def ale_step(cfg, impl, ids):
     return ce + cfg.router_aux_loss_coef * aux
 
   step = jax.jit(jax.value_and_grad(loss_fn))
-  return lambda: jax.block_until_ready(step(state, ids)), count_params(model)
+  if mesh is None:
+    return lambda: jax.block_until_ready(step(state, ids)), count_params(model)
+
+  def run():
+    with jax.set_mesh(mesh):
+      return jax.block_until_ready(step(state, ids))
+
+  return run, count_params(model)
 
 
 def torch_step(cfg, ids):
@@ -132,26 +161,33 @@ def main():
   fns["torch"], impl = torch_step(cfg, ids)
   names["torch"] = f"model: transformers {transformers.__version__} torch (experts={impl})"
   nparams = 0
+  if ARGS.threads > 1 and jax.device_count() >= ARGS.threads:
+    fns["dp"], nparams = ale_step(cfg, "blocked", ids, devices=ARGS.threads)
+    names["dp"] = f"model: ale moe_impl=blocked, data-parallel on {ARGS.threads} devices"
   for ale_impl in ("blocked", "ragged", "dense"):
     fns[ale_impl], nparams = ale_step(cfg, ale_impl, ids)
     names[ale_impl] = f"model: ale (jax {jax.__version__}) moe_impl={ale_impl}"
   for ale_impl in ("blocked", "ragged", "dense"):
     fns["moe_" + ale_impl] = moe_block_step(cfg, ale_impl, ntok)
     names["moe_" + ale_impl] = f"one MoE block: moe_impl={ale_impl}"
-  t = interleaved(fns, ARGS.steps, ARGS.warmup)
+  t, cpu = interleaved(fns, ARGS.steps, ARGS.warmup)
 
   print(
     f"\nfwd+bwd, preset={ARGS.preset} ({nparams / 1e6:.1f}M params, {cfg.num_experts} experts "
     f"top-{cfg.num_experts_per_tok}), batch {ARGS.batch}x{ARGS.seq} = {ntok} tokens, float32, "
     f"{ARGS.threads} threads, median of {ARGS.steps} interleaved rounds"
   )
-  print(f"| {'what':<56} | {'ms/step':>8} | {'tokens/s':>9} | {'vs torch':>8} | {'vs dense':>8} |")
-  print(f"|{'-' * 58}|{'-' * 10}|{'-' * 11}|{'-' * 10}|{'-' * 10}|")
+  print(
+    f"| {'what':<60} | {'ms/step':>8} | {'tokens/s':>9} | {'vs torch':>8} | {'vs dense':>8} "
+    f"| {'CPU ms':>8} |"
+  )
+  print(f"|{'-' * 62}|{'-' * 10}|{'-' * 11}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
   for k, name in names.items():
     dense = t["moe_dense"] if k.startswith("moe_") else t["dense"]
     vs_torch = f"{t['torch'] / t[k]:7.2f}x" if not k.startswith("moe_") else f"{'-':>8}"
     print(
-      f"| {name:<56} | {t[k] * 1e3:8.1f} | {ntok / t[k]:9.0f} | {vs_torch} | {dense / t[k]:7.2f}x |"
+      f"| {name:<60} | {t[k] * 1e3:8.1f} | {ntok / t[k]:9.0f} | {vs_torch} | "
+      f"{dense / t[k]:7.2f}x | {cpu[k] * 1e3:8.1f} |"
     )
 
 

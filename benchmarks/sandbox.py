@@ -1,8 +1,10 @@
 """Sandbox latency: the ale sandbox service vs docker-py `exec_run` vs the `docker exec` CLI.
 
 One run, one table: exec round trip (p50/p99) for `true` through the REST service on
-loopback, the embedded client, docker-py, and the CLI, all on the same kind of
-container; create -> first exec (cold), and create from the warm pool.
+loopback and the embedded client (both on the in-sandbox runtime agent, the fast
+path), the service's `docker exec` fallback path (images without python3), docker-py,
+and the CLI, all on the same kind of container; create -> first exec (cold), and
+create from the warm pool.
 
 Targets (issue 6): service exec <= 1.3x docker-py and <= 25 ms p50; cold create to first
 exec <= 1 s p50; warm-pool create <= 0.2 s p50. ROCK (rl-rock 1.11) on this machine:
@@ -88,6 +90,19 @@ async def service_numbers(n_exec: int, n_create: int) -> dict[str, tuple[float, 
       await sb.exec(["true"])
       lat.append(time.perf_counter() - t)
     out["exec_embedded"] = pct(lat)
+  async with Client() as c:
+    await c._ensure()
+    for b in c.service.backends.values():
+      b.use_agent = False  # the fallback path: one `docker exec` per command
+    sb = await c.create()
+    for _ in range(5):
+      await sb.exec("true")
+    lat = []
+    for _ in tqdm(range(n_exec), desc="embedded exec (docker exec fallback)", leave=False):
+      t = time.perf_counter()
+      await sb.exec(["true"])
+      lat.append(time.perf_counter() - t)
+    out["exec_fallback"] = pct(lat)
   return out
 
 
@@ -139,13 +154,14 @@ def main() -> None:
   f = lambda p: f"{p[0]:7.1f} / {p[1]:7.1f}"
   ratio = s["exec_http"][0] / d["exec_py"][0]
   rows = [
-    ("exec `true` round trip", f(s["exec_http"]), f(s["exec_embedded"]), f(d["exec_py"]), f(d["exec_cli"]),
-     f"<=25 ms & <=1.3x py (now {ratio:.2f}x)"),
-    ("create -> first exec (cold)", f(s["cold"]), "", f(d["cold_py"]), "", "<=1000 ms"),
-    ("create from warm pool", f(s["warm_create"]), "", "", "", "<=200 ms"),
-    ("warm create -> first exec", f(s["warm_first"]), "", "", "", ""),
+    ("exec `true` round trip", f(s["exec_http"]), f(s["exec_embedded"]), f(s["exec_fallback"]),
+     f(d["exec_py"]), f(d["exec_cli"]), f"<=25 ms & <=1.3x py (now {ratio:.2f}x)"),
+    ("create -> first exec (cold)", f(s["cold"]), "", "", f(d["cold_py"]), "", "<=1000 ms"),
+    ("create from warm pool", f(s["warm_create"]), "", "", "", "", "<=200 ms"),
+    ("warm create -> first exec", f(s["warm_first"]), "", "", "", "", ""),
   ]  # fmt: skip
-  head = ("ms, p50 / p99", "service (HTTP)", "embedded", "docker-py", "docker CLI", "target")
+  head = ("ms, p50 / p99", "service (HTTP, agent)", "embedded (agent)", "embedded (docker exec)",
+          "docker-py exec_run", "docker CLI", "target")  # fmt: skip
   widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
   line = lambda r: " | ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True))
   print(line(head))

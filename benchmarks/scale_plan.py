@@ -11,6 +11,12 @@ for several mesh layouts, and prints one table of per-device memory: parameters 
 optimizer state (from the shardings), and what XLA's compiled memory analysis reports
 (arguments, outputs, temporaries = activations and workspace).
 
+The expert dispatch runs per data shard (`ale.models.moe.moe_block_sharded`: a
+`jax.shard_map` over the batch mesh axes, each shard sorting only its own tokens, expert
+weights all-gathered one layer at a time and kept split over `tensor`); attention is
+causal-chunked. Before that, GSPMD replicated the global-batch sort/scatter and the
+train step reported ~1.9 TB/device of temporaries.
+
 Caveat: this compiles with XLA:CPU, so the temporaries reflect the CPU lowering (the
 "blocked" expert dispatch, no flash attention, CPU fusion decisions); an accelerator
 compile of the same program differs in detail but not in the parameter/optimizer terms.

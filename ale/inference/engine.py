@@ -143,48 +143,6 @@ def _default_init_cache():
   return init_cache
 
 
-def decode_moe_block_size(batch: int, experts_per_tok: int, num_experts: int) -> int:
-  """Block rows for the blocked (CPU) MoE dispatch of a `batch`-token decode step.
-
-  About one block per expert: the largest power of two <= B*k/E (at least 1). The
-  training-oriented default (B*k/4E) makes many one-row blocks at decode sizes, and each
-  block copies its expert's weights; measured on the `small` preset at B=32 this halves
-  the step time.
-  """
-  per = batch * experts_per_tok / max(num_experts, 1)
-  return 1 if per < 2 else 2 ** int(math.floor(math.log2(per)))
-
-
-def _decode_graphdef(model: nnx.Module, graphdef, params, batch: int):
-  """The model's graph with a decode-sized MoE block (same parameters), else `graphdef`.
-
-  Works for `Qwen3MoeForCausalLM` (a frozen config with `moe_block_size`); any other
-  model, or a config that fixes `moe_block_size` itself, keeps its own graph.
-  """
-  cfg = getattr(model, "config", None)
-  if cfg is None or not hasattr(cfg, "moe_block_size") or cfg.moe_block_size is not None:
-    return graphdef
-  if not getattr(cfg, "num_experts", 0):
-    return graphdef
-  m = decode_moe_block_size(batch, cfg.num_experts_per_tok, cfg.num_experts)
-  try:
-    param_dtype = jax.tree.leaves(params)[0].dtype
-    abstract = nnx.eval_shape(
-      lambda: type(model)(
-        cfg.replace(moe_block_size=m),
-        rngs=nnx.Rngs(0),
-        dtype=getattr(model, "dtype", jnp.float32),
-        param_dtype=param_dtype,
-      )
-    )
-    new_graphdef, new_state = nnx.split(abstract)
-  except Exception:  # a model class with another constructor: keep its graph
-    return graphdef
-  if jax.tree.structure(new_state) != jax.tree.structure(params):
-    return graphdef
-  return new_graphdef
-
-
 def default_buckets(max_prefill_length: int, smallest: int = 16) -> tuple[int, ...]:
   """Powers of two from `smallest` up to and including `max_prefill_length`."""
   out, b = [], smallest
@@ -238,7 +196,6 @@ class Engine:
     self.config = model.config
     self._init_cache = init_cache_fn
     self.graphdef, params = nnx.split(model)
-    self._decode_graphdef = _decode_graphdef(model, self.graphdef, params, max_concurrent_decodes)
     # Commit the weights to their current placement, so `update_weights` (which places
     # new weights the same way) never changes what the compiled programs were built for.
     self.params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, params))
@@ -464,7 +421,7 @@ class Engine:
     return state._replace(active=state.active.at[slot].set(False))
 
   def _generate_impl(self, params, state: DecodeState):
-    model = self._model(params, self._decode_graphdef)
+    model = self._model(params, self.graphdef)
     positions = jnp.minimum(state.lengths, self.max_seq_len - 1)[:, None]
     logits, _, cache = model(state.tokens[:, None], positions=positions, cache=state.cache)
     tokens, logp, raw = sampling_lib.sample(

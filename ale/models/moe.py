@@ -15,6 +15,11 @@ value:
 * `experts_dense`: every expert on every token, combined with a `[N, E]` matrix that is
   zero off the top-k (the simple reference).
 
+Under a mesh (`jax.set_mesh`), `moe_block_sharded` runs the router and the dispatch per
+data shard inside `jax.shard_map` (local sort, no global scatter; expert weights
+gathered over the batch axes, split over `tensor`), which keeps the dispatch
+temporaries proportional to the local token count.
+
 Load-balancing statistics follow `transformers`' `load_balancing_loss_func`
 (Switch-Transformer eq. 4-6): summed over MoE layers, then
 `aux = E * sum_e (count_e / rows) * (prob_e / rows)`.
@@ -142,6 +147,32 @@ def default_block_size(num_assignments: int, num_experts: int, ffn: int = 128) -
   return int(min(cap, 2 ** math.floor(math.log2(per))))
 
 
+def _vary_like(a: jax.Array, *others: jax.Array) -> jax.Array:
+  """Inside `shard_map`: marks `a` as varying over the manual axes `others` vary over, so
+  a custom VJP's cotangent (which varies over them) has the type of its primal input.
+  Outside `shard_map` this is the identity."""
+  vma = lambda v: set(jax.typeof(v).manual_axis_type.varying)  # noqa: E731
+  want = set().union(*(vma(o) for o in others)) - vma(a)
+  return jax.lax.pcast(a, tuple(sorted(want)), to="varying") if want else a
+
+
+@jax.custom_vjp
+def _take_rows_vjp(a, fwd_idx, bwd_idx):
+  return jnp.take(a, fwd_idx, axis=0, mode="fill", fill_value=0)
+
+
+def _take_rows_fwd(a, fwd_idx, bwd_idx):
+  return _take_rows_vjp(a, fwd_idx, bwd_idx), (fwd_idx, bwd_idx)
+
+
+def _take_rows_bwd(res, g):
+  fwd_idx, bwd_idx = res
+  return jnp.take(g, bwd_idx, axis=0, mode="fill", fill_value=0), None, None
+
+
+_take_rows_vjp.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
 def _take_rows(a: jax.Array, fwd_idx: jax.Array, bwd_idx: jax.Array) -> jax.Array:
   """`out[p] = a[fwd_idx[p]]` (0 where `fwd_idx[p] == len(a)`), for a row bijection.
 
@@ -150,39 +181,32 @@ def _take_rows(a: jax.Array, fwd_idx: jax.Array, bwd_idx: jax.Array) -> jax.Arra
   then also a gather, `da[r] = dout[bwd_idx[r]]`, instead of the scatter-add XLA would
   emit for the transpose of a gather (slow on XLA:CPU).
   """
+  return _take_rows_vjp(_vary_like(a, fwd_idx, bwd_idx), fwd_idx, bwd_idx)
 
-  @jax.custom_vjp
-  def take(a):
-    return jnp.take(a, fwd_idx, axis=0, mode="fill", fill_value=0)
 
-  def fwd(a):
-    return take(a), None
+@jax.custom_vjp
+def _take_experts_vjp(w, block_expert):
+  return jnp.take(w, block_expert, axis=0)
 
-  def bwd(_, g):
-    return (jnp.take(g, bwd_idx, axis=0, mode="fill", fill_value=0),)
 
-  take.defvjp(fwd, bwd)
-  return take(a)
+def _take_experts_fwd(w, block_expert):
+  return _take_experts_vjp(w, block_expert), (block_expert, w.shape[0])
+
+
+def _take_experts_bwd(res, g):
+  block_expert, num_experts = res
+  onehot = jax.nn.one_hot(block_expert, num_experts, dtype=g.dtype)  # [nb, E]
+  gw = jnp.einsum("be,bx->ex", onehot, g.reshape(g.shape[0], -1))
+  return gw.reshape((num_experts,) + g.shape[1:]), None
+
+
+_take_experts_vjp.defvjp(_take_experts_fwd, _take_experts_bwd)
 
 
 def _take_experts(w: jax.Array, block_expert: jax.Array) -> jax.Array:
   """`w[block_expert]` (`[E, ...]` -> `[nb, ...]`); the gradient sums each expert's blocks
   with a one-hot matmul instead of a scatter-add (faster on XLA:CPU)."""
-
-  @jax.custom_vjp
-  def take(w):
-    return jnp.take(w, block_expert, axis=0)
-
-  def fwd(w):
-    return take(w), None
-
-  def bwd(_, g):
-    onehot = jax.nn.one_hot(block_expert, w.shape[0], dtype=g.dtype)  # [nb, E]
-    gw = jnp.einsum("be,bx->ex", onehot, g.reshape(g.shape[0], -1))
-    return (gw.reshape(w.shape).astype(w.dtype),)
-
-  take.defvjp(fwd, bwd)
-  return take(w)
+  return _take_experts_vjp(_vary_like(w, block_expert), block_expert)
 
 
 def experts_blocked(x, routing: Routing, w_gate, w_up, w_down, block_size: int | None = None):
@@ -211,7 +235,11 @@ def experts_blocked(x, routing: Routing, w_gate, w_up, w_down, block_size: int |
   # dest[i]: padded row of assignment i (token-major); src[p]: assignment of padded row p
   # (a = none: a padding row).
   dest = jnp.zeros((a,), jnp.int32).at[order].set(dest_sorted, unique_indices=True)
-  src = jnp.full((rows,), a, jnp.int32).at[dest_sorted].set(order.astype(jnp.int32), unique_indices=True)
+  src = (
+    jnp.full((rows,), a, jnp.int32)
+    .at[dest_sorted]
+    .set(order.astype(jnp.int32), unique_indices=True)
+  )
   block_expert = jnp.searchsorted(padded_end, jnp.arange(nb) * m, side="right")
   block_expert = jnp.minimum(block_expert, num_experts - 1)  # trailing blocks: unused rows
 
@@ -246,7 +274,7 @@ def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: i
 
 
 def moe_block(x, valid, w_router, w_gate, w_up, w_down, *, cfg, impl: str):
-  """Router + experts for `x [N, D]` (M2 policy MoE layer): `(y [N, D], RouterStats)`.
+  """Router + experts for `x [N, D]`: `(y [N, D], RouterStats)`.
 
   `valid [N]` (or None) masks padding tokens out of the load-balancing statistics.
   """

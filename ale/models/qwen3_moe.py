@@ -94,7 +94,7 @@ class Attention(nnx.Module):
   def __call__(self, x, positions, segment_ids, cache: dict[str, jax.Array] | None):
     cfg, dt = self.cfg, self.dtype
     b, t, _ = x.shape
-    g, r = cfg.num_key_value_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    r = cfg.num_attention_heads // cfg.num_key_value_heads
     q = self.q_norm(jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dt)))
     k = self.k_norm(jnp.einsum("btd,dgk->btgk", x, self.k_proj[...].astype(dt)))
     v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...].astype(dt))

@@ -5,7 +5,14 @@ Turns a `SandboxSpec` into a locked-down container and runs commands in it:
 * isolation defaults: `CapDrop=ALL`, `no-new-privileges`, non-root uid 1000, read-only
   root with size-limited tmpfs `/workspace` and `/tmp`, CPU/memory(no swap)/pids limits,
   network `none`, no mounts from the host, an init (`docker-init`) as PID 1;
-* exec: the command runs under `timeout -s KILL`, which makes itself a process-group
+* exec, fast path (M-ROCK runtime): the container's main process is the in-sandbox
+  agent (`runtime_agent.py`, see `agent.py`); the backend keeps one Docker attach
+  stream to it and sends JSON-line requests, so an exec is one round trip plus a
+  fork/exec inside the sandbox. The agent runs each command in a new session, kills
+  the process group (and marked escapees) at the deadline and caps output the same way
+  as the fallback below. Images without python3, and requests the agent cannot serve
+  (large stdin or caps, a refused spawn), use `docker exec`;
+* exec, fallback path: the command runs under `timeout -s KILL`, which makes itself a process-group
   leader and kills the whole group at the deadline without forking anything new (so a
   fork bomb cannot block the kill); every process carries a per-exec marker in its
   environment, and after a timeout a sweep kills marked processes that left the group
@@ -32,6 +39,7 @@ import tarfile
 import time
 from typing import Any
 
+from ale.sandbox import agent as ag
 from ale.sandbox import egress
 from ale.sandbox.engine import Engine, EngineError
 from ale.sandbox.spec import (
@@ -54,6 +62,9 @@ L_ROLE = "ale.sandbox.role"  # sandbox | pool | rocklet | network | commit
 L_ID = "ale.sandbox.id"
 L_SPEC = "ale.sandbox.spec"
 L_DEADLINE = "ale.sandbox.deadline"
+L_AGENT = "ale.sandbox.agent"  # "1": the main process is the runtime agent
+AGENT_READY_S = 10.0  # an agent that is not ready by then is given up (docker exec)
+AGENT_MAX_IO = 4 << 20  # larger stdin / output caps go through docker exec
 SNAPSHOT_LABEL = "ale.snapshot"
 SNAPSHOT_STASH = "/.ale-snapshot/workspace.tar"
 
@@ -99,6 +110,9 @@ class DockerBackend:
     self.mem_total = 0
     self._has_timeout: dict[str, bool] = {}
     self._image_ids: dict[str, str] = {}
+    self._agents: dict[str, ag.AgentConn | None] = {}
+    self._agent_locks: dict[str, asyncio.Lock] = {}
+    self.use_agent = True
 
   async def open(self) -> None:
     info = await self.engine.request("GET", "/info", timeout=30)
@@ -106,6 +120,10 @@ class DockerBackend:
     self.mem_total = int(info.get("MemTotal") or 0)
 
   async def close(self) -> None:
+    for conn in list(self._agents.values()):
+      if conn is not None:
+        await conn.close()
+    self._agents.clear()
     await self.engine.close()
 
   async def ping(self) -> bool:
@@ -140,6 +158,7 @@ class DockerBackend:
     network_mode: str = "none",
     extra_hosts=(),
     extra_env=None,
+    agent: bool = False,
   ) -> dict[str, Any]:
     env = dict(spec.env)
     if spec.read_only and spec.user not in ("root", "0", "0:0") and "HOME" not in env:
@@ -168,7 +187,7 @@ class DockerBackend:
       "ExtraHosts": list(extra_hosts),
       "Ulimits": [{"Name": "nofile", "Soft": 4096, "Hard": 4096}],
     }
-    return {
+    cfg = {
       "Image": spec.from_snapshot or spec.image,
       "Entrypoint": ["sleep"],
       "Cmd": ["infinity"],
@@ -184,6 +203,23 @@ class DockerBackend:
       "HostConfig": host,
       "StopSignal": "SIGKILL",
     }
+    if agent:
+      # The agent is the main process (under docker-init); its source travels in the
+      # env (popped before any command runs), stdin stays open across attaches, and
+      # its JSON lines are not kept as container logs.
+      cfg.update(
+        Entrypoint=["sh", "-c", ag.WRAPPER],
+        Cmd=[ag.BOOTSTRAP],
+        OpenStdin=True,
+        StdinOnce=False,
+        AttachStdin=True,
+        AttachStdout=True,
+        AttachStderr=True,
+        Labels={**labels, L_AGENT: "1"},
+      )
+      cfg["Env"] = [*cfg["Env"], f"{ag.AGENT_ENV}={ag.agent_source()}"]
+      host["LogConfig"] = {"Type": "none", "Config": {}}
+    return cfg
 
   async def create_container(
     self, spec: SandboxSpec, name: str, labels: dict[str, str], *, service: str
@@ -204,19 +240,44 @@ class DockerBackend:
         made["network"], made["rocklet"] = net_id, rocklet_id
         extra_hosts, extra_env = egress.sandbox_network_settings(spec.allow, rocklet_ip)
         mode = net_id
-      cfg = self.container_config(
-        spec, labels, network_mode=mode, extra_hosts=extra_hosts, extra_env=extra_env
-      )
-      try:
-        res = await self.engine.request(
-          "POST", "/containers/create", params={"name": name}, json_body=cfg
+      use_agent = self.use_agent
+      while True:
+        cfg = self.container_config(
+          spec,
+          labels,
+          network_mode=mode,
+          extra_hosts=extra_hosts,
+          extra_env=extra_env,
+          agent=use_agent,
         )
-      except EngineError as e:
-        if e.status in (400, 404):
-          raise BadRequest(f"engine refused the sandbox config: {e.message}") from None
-        raise
-      made["container"] = res["Id"]
-      await self.engine.request("POST", f"/containers/{res['Id']}/start")
+        try:
+          res = await self.engine.request(
+            "POST", "/containers/create", params={"name": name}, json_body=cfg
+          )
+        except EngineError as e:
+          if e.status in (400, 404):
+            raise BadRequest(f"engine refused the sandbox config: {e.message}") from None
+          raise
+        made["container"] = cid = res["Id"]
+        if not use_agent:
+          await self.engine.request("POST", f"/containers/{cid}/start")
+          self._agents[cid] = None
+          break
+        conn = await ag.AgentConn.attach(self.engine, cid)  # before start: nothing is missed
+        self._agents[cid] = conn
+        await self.engine.request("POST", f"/containers/{cid}/start")
+        if await conn.wait_ready(AGENT_READY_S):
+          break
+        self._agents[cid] = None
+        await conn.close()
+        if conn.alive:  # no python3 (or too slow): the container runs on, use docker exec
+          break
+        # The container exited before its agent was ready: start it the classic way.
+        log.warning(
+          "sandbox agent failed in %s (%s); falling back to docker exec", cid[:12], conn.reason
+        )
+        await self.remove_container(cid)
+        made["container"], use_agent = None, False
       if spec.from_snapshot:
         r = await self.exec(
           res["Id"], ["sh", "-c", _RESTORE], timeout_s=120, image=spec.from_snapshot
@@ -325,6 +386,10 @@ class DockerBackend:
   async def remove_container(self, cid: str | None) -> None:
     if not cid:
       return
+    conn = self._agents.pop(cid, None)
+    self._agent_locks.pop(cid, None)
+    if conn is not None:
+      await conn.close()
     try:
       await self.engine.request(
         "DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"}
@@ -433,11 +498,41 @@ class DockerBackend:
     if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
       raise BadRequest(f"timeout_s must be a number in (0, 86400], got {timeout_s!r}")
     marker = secrets.token_hex(8)
+    t0 = time.monotonic()
+    conn = await self._agent(cid)
+    if conn is not None and cap <= AGENT_MAX_IO and (stdin is None or len(stdin) <= AGENT_MAX_IO):
+      try:
+        code, out, err, timed_out, trunc = await conn.exec(
+          argv,
+          timeout_s=timeout_s,
+          cwd=cwd,
+          env=dict(env or {}),
+          stdin=stdin,
+          cap=cap,
+          marker=marker,
+        )
+        return ExecResult(
+          exit_code=code,
+          stdout=out.decode(errors="replace"),
+          stderr=err.decode(errors="replace"),
+          timed_out=timed_out,
+          truncated=trunc,
+          duration_s=time.monotonic() - t0,
+        )
+      except ag.AgentLost as e:  # it may have run: never run it twice
+        if not conn.alive:
+          raise SandboxError(
+            f"sandbox container {cid[:12]} stopped during the exec: {e}", status=409
+          ) from None
+        log.warning("exec in %s lost (%s); sweeping", cid[:12], e)
+        await self._sweep(cid, marker)
+        return ExecResult(137, "", str(e), True, False, time.monotonic() - t0)
+      except ag.AgentUnavailable as e:  # not started: docker exec below
+        log.info("agent of %s cannot run %r (%s); using docker exec", cid[:12], argv[:1], e)
     envd = {**(env or {}), "ALE_EXEC_ID": marker}
     inner = await self._timeout_available(cid, image)
     if inner:
       argv = ["timeout", "-s", "KILL", f"{timeout_s:.3f}", *argv]
-    t0 = time.monotonic()
     task = asyncio.ensure_future(self._exec_raw(cid, argv, env=envd, cwd=cwd, stdin=stdin, cap=cap))
     done, _ = await asyncio.wait({task}, timeout=timeout_s + (0.5 if inner else 0.0))
     service_timeout = not done
@@ -461,6 +556,34 @@ class DockerBackend:
       truncated=trunc,
       duration_s=dt,
     )
+
+  async def _agent(self, cid: str) -> ag.AgentConn | None:
+    """The live agent connection of a container, or None (docker exec).
+
+    Containers this backend started are known; others (adopted after a service restart)
+    are attached to once, when labelled as agent containers, and pinged.
+    """
+    if cid in self._agents:
+      conn = self._agents[cid]
+      return conn if conn is not None and conn.alive else None
+    lock = self._agent_locks.setdefault(cid, asyncio.Lock())
+    async with lock:
+      if cid in self._agents:
+        return await self._agent(cid)
+      conn = None
+      try:
+        info = await self.inspect(cid)
+        cfg = info.get("Config") or {}
+        if (cfg.get("Labels") or {}).get(L_AGENT) == "1" and cfg.get("OpenStdin"):
+          conn = await ag.AgentConn.attach(self.engine, cid)
+          if not await conn.ping(5.0):
+            await conn.close()
+            conn = None
+      except (EngineError, OSError) as e:
+        log.info("no agent for %s (%r); using docker exec", cid[:12], e)
+        conn = None
+      self._agents[cid] = conn
+      return conn
 
   async def _sweep(self, cid: str, marker: str) -> None:
     try:

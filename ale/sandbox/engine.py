@@ -130,6 +130,33 @@ class Engine:
       return await asyncio.open_unix_connection(self._unix, limit=1 << 20)
     return await asyncio.open_connection(*self._tcp, limit=1 << 20)
 
+  async def attach(self, cid: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Hijacks an attach stream (stdin, stdout, stderr; no log replay) to a container.
+
+    Returns the raw connection after the engine's `101 UPGRADED`: writes go to the
+    container's stdin, reads are multiplexed frames (8-byte header: stream, size).
+    Attaching before `start` is how nothing the process prints is missed.
+    """
+    reader, writer = await self._open()
+    try:
+      host = "docker" if self._unix else f"{self._tcp[0]}:{self._tcp[1]}"
+      writer.write(
+        (
+          f"POST /{API_VERSION}/containers/{cid}/attach?stream=1&stdin=1&stdout=1&stderr=1 "
+          f"HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
+          f"Content-Length: 0\r\n\r\n"
+        ).encode()
+      )
+      head = await reader.readuntil(b"\r\n\r\n")
+      status = int(head.split(b" ", 2)[1])
+      if status >= 400:
+        rest = await reader.read(65536)
+        raise EngineError(status, (head + rest).decode(errors="replace").split("\r\n\r\n", 1)[-1])
+      return reader, writer
+    except BaseException:
+      writer.close()
+      raise
+
   async def exec_start(
     self, exec_id: str, *, stdin: bytes | None, cap: int
   ) -> tuple[bytes, bytes, bool]:

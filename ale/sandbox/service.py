@@ -376,6 +376,9 @@ class SandboxService:
       who = "egress proxy (Rocklet)" if cid == rec.rocklet else "container"
       rec.state = "failed"
       rec.reason = f"{who} was OOM-killed" if oom else f"{who} exited with code {code}"
+      conn = b._agents.get(cid)
+      if conn is not None:  # the runtime agent is the container's main process
+        rec.reason += " (its runtime agent, the main process, ended)"
       self.counters["failed"] += 1
       self.audit.record("failed", id=rec.id, reason=rec.reason)
 

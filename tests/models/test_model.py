@@ -238,6 +238,50 @@ def test_sharded_forward_and_grad_step_equal_unsharded():
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
 
 
+def test_default_block_size_follows_token_count():
+  # ~one block per expert: training sizes get big blocks, decode sizes small ones
+  # (not one-row blocks, each of which would copy its expert's weights).
+  assert moe.default_block_size(2048, 16) == 128  # small preset, 1024 tokens top-2
+  assert moe.default_block_size(64, 16) == 4  # a 32-slot decode step
+  assert moe.default_block_size(8, 16) == 1
+  assert moe.default_block_size(10**6, 128, ffn=768) == 512  # capped by the expert width
+
+
+@pytest.mark.parametrize(
+  "layout", [dict(fsdp=2, expert=2, tensor=2), dict(data=2, fsdp=4), dict(fsdp=2, tensor=4)]
+)
+def test_moe_shard_map_path_equals_unsharded(layout):
+  """Under a mesh the MoE block dispatches per data shard (`jax.shard_map`, experts
+  gathered, split over `tensor` when it holds the expert width): same loss, logits, aux
+  and gradients as the unsharded model, padding tokens included."""
+  cfg = get_preset("tiny")
+  ids = jax.random.randint(jax.random.key(5), (8, 16), 0, 265)
+  seg = jnp.ones((8, 16), jnp.int32).at[:, 12:].set(0)
+
+  def loss(model, ids):
+    logits, aux = model(ids, segment_ids=seg)
+    return jnp.mean(logits**2) + aux, (logits, aux)
+
+  step = nnx.jit(nnx.value_and_grad(loss, has_aux=True))
+  ref = step(Qwen3MoeForCausalLM(cfg, rngs=nnx.Rngs(0)), ids)
+  model = Qwen3MoeForCausalLM(cfg, rngs=nnx.Rngs(0))
+  mesh = make_mesh(**layout)
+  shard_model(model, mesh)
+  x = jax.device_put(ids, batch_sharding(mesh, shape=ids.shape))
+  with jax.set_mesh(mesh):
+    plan = moe.shard_plan((8 * 16, cfg.hidden_size), (8, cfg.hidden_size, 32))
+    assert plan is not None and plan.batch_axes
+    jaxpr = str(jax.make_jaxpr(lambda m, i: loss(m, i)[0])(model, x))
+    assert "shard_map" in jaxpr
+    out = step(model, x)
+  ((l0, (lg0, a0)), g0), ((l1, (lg1, a1)), g1) = ref, out
+  np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
+  np.testing.assert_allclose(float(a1), float(a0), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(lg1), np.asarray(lg0), atol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4)
+
+
 def test_remat_and_ragged_match_default(tiny):
   ids = jax.random.randint(jax.random.key(4), (2, 8), 0, 265)
   remat = Qwen3MoeForCausalLM(tiny.config.replace(remat=True, moe_impl="ragged"), rngs=nnx.Rngs(0))

@@ -220,6 +220,10 @@ async def test_restart_adopts_or_reaps(base_image, leftovers):
   async with Client(name=name) as c2:
     assert c2.service.adopted == [kept.id]
     assert await c2.sandbox(kept.id).read("/workspace/state.txt") == b"persisted"
+    # The new service attaches to the adopted sandbox's runtime agent again.
+    assert (await c2.sandbox(kept.id).exec("cat /workspace/state.txt")).stdout == "persisted"
+    b = next(iter(c2.service.backends.values()))
+    assert next(iter(b._agents.values())) is not None
   assert leftovers() == []  # c2 closed without keep: deleted, nothing leaked
 
 
