@@ -4,8 +4,10 @@ One run prints one table: greedy decode tokens/s at batch 1, 8 and 32 with 16-to
 prompts and 64 new tokens on the `small` Qwen3-MoE preset (float32, random weights,
 CPU), for
 
-* engine  — `ale.inference.Engine`: prefill + insert per request, then one jitted
-            `generate` per token for all slots with one host transfer per step;
+* engine  — `ale.inference.Engine`: one batched prefill of the waiting requests and
+            their inserts (what the orchestrator does when requests arrive together),
+            then one jitted `generate` per token for all slots with one host transfer
+            per step (decode state donated; compile excluded by a warm-up run);
 * naive   — the jitted full forward over the whole padded sequence for every new token
             (no KV cache; fixed shapes, so no recompilation either);
 * hf      — `transformers` `generate` (KV cache, PyTorch CPU) on the same weights,
@@ -64,12 +66,14 @@ def engine_decode(model, batch: int, plen: int, new: int):
 
   def run():
     state = eng.init_decode_state()
-    firsts = []
-    for slot in range(batch):
-      pre = eng.prefill(eng.params, ps[slot], sampling=SamplingParams.greedy())
-      state = eng.insert(pre, state, slot)
-      firsts.append(pre.token)
-    out = [np.asarray(jax.device_get(firsts))]
+    # All requests arrive together: the orchestrator's batched prefill (one forward per
+    # bucket), then one insert per group.
+    groups = eng.prefill_many(eng.params, list(ps), samplings=[SamplingParams.greedy()] * batch)
+    state = eng.insert_many(groups, state, list(range(batch)))
+    first = np.zeros((batch,), np.int32)
+    for tok, _, _, idx in jax.device_get(eng.first_tokens(groups)):
+      first[idx] = tok[: len(idx)]
+    out = [first]
     for _ in range(new - 1):
       state, res = eng.generate(eng.params, state)
       out.append(res.to_host().tokens)  # one transfer per step, as the orchestrator does

@@ -233,6 +233,10 @@ class Engine:
       donate_argnums=(1,),
       out_shardings=(self._state_sharding, self._replicated),
     )
+    self._prefill_many_fn = jax.jit(self._prefill_many_impl)
+    self._insert_many_fn = jax.jit(
+      self._insert_many_impl, donate_argnums=(1,), out_shardings=self._state_sharding
+    )
     self._init_state_fn = None
     self._free_fn = jax.jit(
       self._free_impl, donate_argnums=(0,), out_shardings=self._state_sharding
@@ -334,6 +338,85 @@ class Engine:
       np.int32(sp.top_k),
     )
 
+  def prefill_many(
+    self,
+    params: Params,
+    prompts: Sequence[Sequence[int] | np.ndarray],
+    *,
+    samplings: Sequence[SamplingParams | None] | None = None,
+  ) -> list[Prefix]:
+    """`prefill` for several requests at once: one forward per prefill bucket over all
+    the prompts in it (padded to a power-of-two row count <= `max_concurrent_decodes`,
+    so the compiled programs stay few), instead of one per request. JetStream's batched
+    prefill: every expert's weights are read once per group, not once per request.
+
+    Returns a list of `(Prefix, request indices)` groups; each `Prefix` has a leading
+    row axis `[n]` (cache leaves `[n, L, ...]`; rows past the indices are padding).
+    Place them with `insert_many(groups, state, slots)`; `first_tokens(groups)` gives
+    the first sampled tokens. Each request's results equal its `prefill` (same bucket,
+    same sampling key) up to float rounding.
+    """
+    samplings = list(samplings) if samplings is not None else [None] * len(prompts)
+    if len(samplings) != len(prompts):
+      raise ValueError(f"got {len(prompts)} prompts but {len(samplings)} sampling settings")
+    groups: dict[int, list[int]] = {}
+    padded, lengths = [], []
+    for i, toks in enumerate(prompts):
+      toks = np.asarray(toks, np.int32).reshape(-1)
+      if toks.size >= self.max_seq_len:
+        raise ValueError(
+          f"prompt has {toks.size} tokens, leaving no room to generate within max_seq_len "
+          f"{self.max_seq_len}"
+        )
+      row, n = self.pad_tokens(toks)
+      padded.append(row)
+      lengths.append(n)
+      groups.setdefault(len(row), []).append(i)
+    out = []
+    for bucket, idx in groups.items():
+      for start in range(0, len(idx), self.max_concurrent_decodes):
+        chunk = idx[start : start + self.max_concurrent_decodes]
+        rows = 1
+        while rows < len(chunk):
+          rows *= 2
+        rows = min(rows, self.max_concurrent_decodes)
+        tokens = np.full((rows, bucket), self.pad_id, np.int32)
+        true_len = np.ones((rows,), np.int32)
+        keys = np.zeros((rows, 2), np.uint32)
+        temp = np.zeros((rows,), np.float32)
+        top_p = np.ones((rows,), np.float32)
+        top_k = np.zeros((rows,), np.int32)
+        for r, i in enumerate(chunk):
+          sp = samplings[i] or SamplingParams.greedy()
+          sp.validate()
+          tokens[r], true_len[r] = padded[i], lengths[i]
+          keys[r] = np.asarray(sampling_lib.request_key(sp.seed))
+          temp[r], top_p[r], top_k[r] = sp.temperature, sp.top_p, sp.top_k
+        pre = self._prefill_many_fn(params, tokens, true_len, keys, temp, top_p, top_k)
+        out.append((pre, list(chunk)))
+    return out
+
+  def insert_many(
+    self, prefills: list, decode_state: DecodeState, slots: Sequence[int]
+  ) -> DecodeState:
+    """Places `prefill_many`'s results: request i (in `prefill_many`'s prompt order) goes
+    to `slots[i]`. One jitted scatter per group; the old state is donated."""
+    for pre, chunk in prefills:
+      rows = pre.token.shape[0]
+      where = np.full((rows,), self.max_concurrent_decodes, np.int32)  # padding: dropped
+      for r, i in enumerate(chunk):
+        if not 0 <= slots[i] < self.max_concurrent_decodes:
+          raise ValueError(f"slot {slots[i]} out of range [0, {self.max_concurrent_decodes})")
+        where[r] = slots[i]
+      decode_state = self._insert_many_fn(pre, decode_state, where)
+    return decode_state
+
+  @staticmethod
+  def first_tokens(prefills: list) -> list[tuple[Any, Any, Any, list[int]]]:
+    """`[(tokens [n], logp [n], raw_logp [n], request indices)]` of `prefill_many`'s groups
+    (device arrays; fetch them all with one `jax.device_get`)."""
+    return [(p.token, p.logp, p.raw_logp, chunk) for p, chunk in prefills]
+
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     """Moves a prefilled request into decode slot `slot` (the old state is donated)."""
     if not 0 <= slot < self.max_concurrent_decodes:
@@ -396,6 +479,41 @@ class Engine:
       top_k[None],
     )
     return Prefix(cache, token[0], logp[0], raw[0], true_length, key, temperature, top_p, top_k)
+
+  def _prefill_many_impl(self, params, tokens, true_length, keys, temperature, top_p, top_k):
+    """`_prefill_impl` for `n` rows `tokens [n, L]` in one forward; Prefix fields `[n]`."""
+    model = self._model(params)
+    n, length = tokens.shape
+    cache = self._init_cache(self.config, n, length, self.cache_dtype)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], (n, length))
+    logits, _, cache = model(tokens, positions=positions, cache=cache)
+    last = jnp.take_along_axis(logits, (true_length - 1)[:, None, None], axis=1)[:, 0]
+    token, logp, raw = sampling_lib.sample(
+      last, keys, jnp.zeros((n,), jnp.int32), temperature, top_p, top_k
+    )
+    return Prefix(cache, token, logp, raw, true_length, keys, temperature, top_p, top_k)
+
+  def _insert_many_impl(self, prefix: Prefix, state: DecodeState, slots):
+    """Rows of a batched prefix into `slots [n]` (a slot of B = padding row, dropped)."""
+    length = jax.tree.leaves(prefix.cache)[0].shape[1]
+
+    def put(big, small):
+      return big.at[slots, :length].set(small.astype(big.dtype), mode="drop")
+
+    def at(row, value):
+      return row.at[slots].set(value, mode="drop")
+
+    return DecodeState(
+      cache=jax.tree.map(put, state.cache, prefix.cache),
+      tokens=at(state.tokens, prefix.token),
+      lengths=at(state.lengths, prefix.true_length),
+      steps=at(state.steps, jnp.ones_like(prefix.token)),
+      keys=at(state.keys, prefix.key),
+      temperature=at(state.temperature, prefix.temperature),
+      top_p=at(state.top_p, prefix.top_p),
+      top_k=at(state.top_k, prefix.top_k),
+      active=at(state.active, jnp.ones_like(prefix.token, dtype=bool)),
+    )
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
     def put(big, small):

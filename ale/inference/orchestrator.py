@@ -356,11 +356,23 @@ class Orchestrator:
     self._apply_weights()
     firsts = []
     version = eng.version
-    for slot, h in admit:
+    if len(admit) == 1:
+      slot, h = admit[0]
       prefix = eng.prefill(eng.params, h.request.prompt_ids, sampling=h.request.sampling)
       state = eng.insert(prefix, state, slot)
       firsts.append((prefix.token, prefix.logp, prefix.raw_logp))
-      self.stats.prefills += 1
+    elif admit:  # several at once: one batched prefill per bucket (weights read once)
+      groups = eng.prefill_many(
+        eng.params,
+        [h.request.prompt_ids for _, h in admit],
+        samplings=[h.request.sampling for _, h in admit],
+      )
+      state = eng.insert_many(groups, state, [slot for slot, _ in admit])
+      firsts = [None] * len(admit)
+      for tok, logp, raw, idx in jax.device_get(eng.first_tokens(groups)):
+        for r, i in enumerate(idx):
+          firsts[i] = (tok[r], logp[r], raw[r])
+    self.stats.prefills += len(admit)
     first_host = jax.device_get(firsts) if firsts else []
     result = None
     t0 = time.perf_counter()

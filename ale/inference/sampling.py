@@ -102,16 +102,27 @@ def sample(
     log-prob `[B]` float32 (log softmax(logits)(token)).
   """
   logits = logits.astype(jnp.float32)
-  order, logp_sorted = _sorted_sampling_logprobs(logits, temperature, top_p, top_k)
-
-  def draw(key_data, step, row_logp):
-    key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), step)
-    return jax.random.categorical(key, row_logp)
-
-  pick = jax.vmap(draw)(keys, steps, logp_sorted)[:, None]  # rank of the drawn token
-  sampled = jnp.take_along_axis(order, pick, axis=-1)[:, 0]
-  mu = jnp.take_along_axis(logp_sorted, pick, axis=-1)[:, 0]
   is_greedy = temperature <= 0
+
+  def stochastic(_):
+    order, logp_sorted = _sorted_sampling_logprobs(logits, temperature, top_p, top_k)
+
+    def draw(key_data, step, row_logp):
+      key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), step)
+      return jax.random.categorical(key, row_logp)
+
+    pick = jax.vmap(draw)(keys, steps, logp_sorted)[:, None]  # rank of the drawn token
+    sampled = jnp.take_along_axis(order, pick, axis=-1)[:, 0]
+    mu = jnp.take_along_axis(logp_sorted, pick, axis=-1)[:, 0]
+    return sampled.astype(jnp.int32), mu
+
+  def all_greedy(_):
+    b = logits.shape[0]
+    return jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32)
+
+  # The vocab sort of the stochastic path is skipped when no row samples (greedy
+  # decoding); rows' results do not depend on which branch ran.
+  sampled, mu = jax.lax.cond(jnp.all(is_greedy), all_greedy, stochastic, None)
   tokens = jnp.where(is_greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
   raw = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
   return tokens, jnp.where(is_greedy, raw, mu), raw

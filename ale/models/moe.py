@@ -3,7 +3,7 @@
 Router (as in Hugging Face Qwen3-MoE): `p = softmax(x W_r)` over E experts in float32,
 keep the top-k probabilities, renormalise them to sum 1 when `norm_topk_prob`.
 Each expert is a SwiGLU MLP `down(silu(gate(x)) * up(x))`; a token's output is the
-weighted sum of its k experts' outputs. Three dispatch implementations, identical in
+weighted sum of its k experts' outputs. Dispatch implementations, identical in
 value:
 
 * `experts_ragged`: sort the N*k (token, expert) assignments by expert and run the
@@ -14,6 +14,9 @@ value:
   `ragged_dot` is lowered to a dense masked matmul over all groups.
 * `experts_dense`: every expert on every token, combined with a `[N, E]` matrix that is
   zero off the top-k (the simple reference).
+* decode-sized token counts (few tokens, XLA:CPU): `experts_gather` (each assignment
+  gathers its expert's weights; N*k well below E) and `experts_dense_batched` (all
+  experts, batched over E; N <= E/2). "auto" chooses by token count (`auto_impl`).
 
 Under a mesh (`jax.set_mesh`), `moe_block_sharded` runs the router and the dispatch per
 data shard inside `jax.shard_map` (local sort, no global scatter; expert weights
@@ -260,17 +263,74 @@ def experts_blocked(x, routing: Routing, w_gate, w_up, w_down, block_size: int |
   return _combine(_take_rows(yp, dest, src), routing, n, k)
 
 
+def experts_gather(x, routing: Routing, w_gate, w_up, w_down):
+  """Decode-sized dispatch: every (token, slot) assignment gathers its own expert's
+  weights (`[N*k, D, F]`) and runs one batched matrix-vector product per projection.
+
+  Reads only the N*k selected experts' weights (a batch-1 decode step of the `small`
+  preset touches 2 of 16 experts) and needs no sort, so it wins when N*k is well below E.
+  """
+  n, k = routing.experts.shape
+  e = routing.experts.reshape(-1)
+  xa = jnp.broadcast_to(x[:, None, :], (n, k, x.shape[-1])).reshape(n * k, -1)
+  g = jnp.einsum("ad,adf->af", xa, jnp.take(w_gate, e, axis=0))
+  u = jnp.einsum("ad,adf->af", xa, jnp.take(w_up, e, axis=0))
+  y = jnp.einsum("af,afd->ad", _swiglu(g, u), jnp.take(w_down, e, axis=0))
+  return _combine(y, routing, n, k)
+
+
+def experts_dense_batched(x, routing: Routing, w_gate, w_up, w_down):
+  """All experts on all tokens as matmuls batched over the expert axis (`[E, N, D] @
+  [E, D, F]`, the weights' own layout, so nothing is transposed or copied), combined
+  with the `[E, N]` top-k weights. For few tokens (N <= E/2): reads every expert's
+  weights once with no sort/scatter, cheaper than the blocked dispatch's weight gathers.
+  """
+  num_experts = w_gate.shape[0]
+  combine = jnp.einsum(
+    "nk,nke->en", routing.weights, jax.nn.one_hot(routing.experts, num_experts, dtype=x.dtype)
+  )
+  xe = jnp.broadcast_to(x[None], (num_experts,) + x.shape)
+  h = _swiglu(jnp.einsum("end,edf->enf", xe, w_gate), jnp.einsum("end,edf->enf", xe, w_up))
+  y = jnp.einsum("enf,efd->end", h, w_down)
+  return jnp.einsum("end,en->nd", y, combine)
+
+
+# Token-count thresholds of the "auto" choice on XLA:CPU (measured on the `small` preset,
+# E=16, k=2, decode steps at batch 1/8/32 and 16-token prefills; see
+# benchmarks/inference.py): per-assignment weight gathers while N*k <= E/4, all experts
+# batched over E while N <= E/2, the blocked dispatch above that (training sizes).
+def auto_impl(num_tokens: int, k: int, num_experts: int, backend: str | None = None) -> str:
+  """The implementation "auto" runs for `num_tokens` tokens (static under jit)."""
+  backend = backend or jax.default_backend()
+  if backend != "cpu":
+    return "ragged"
+  if 4 * num_tokens * k <= num_experts:
+    return "gather"
+  if 2 * num_tokens <= num_experts:
+    return "dense_batched"
+  return "blocked"
+
+
 def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: int | None = None):
-  """Runs the experts with the named implementation ("auto", "ragged", "blocked", "dense")."""
+  """Runs the experts with the named implementation ("auto", "ragged", "blocked", "dense",
+  or the decode-sized "gather" and "dense_batched"). "auto" picks by backend and token
+  count (`auto_impl`)."""
   if impl == "auto":
-    impl = "blocked" if jax.default_backend() == "cpu" else "ragged"
+    impl = auto_impl(x.shape[0], routing.experts.shape[1], w_gate.shape[0])
+  if impl == "gather":
+    return experts_gather(x, routing, w_gate, w_up, w_down)
+  if impl == "dense_batched":
+    return experts_dense_batched(x, routing, w_gate, w_up, w_down)
   if impl == "ragged":
     return experts_ragged(x, routing, w_gate, w_up, w_down)
   if impl == "blocked":
     return experts_blocked(x, routing, w_gate, w_up, w_down, block_size)
   if impl == "dense":
     return experts_dense(x, routing, w_gate, w_up, w_down)
-  raise ValueError(f"unknown MoE implementation {impl!r}; expected auto, ragged, blocked or dense")
+  raise ValueError(
+    f"unknown MoE implementation {impl!r}; expected auto, ragged, blocked, dense, gather "
+    "or dense_batched"
+  )
 
 
 def moe_block(x, valid, w_router, w_gate, w_up, w_down, *, cfg, impl: str):
