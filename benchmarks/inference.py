@@ -19,7 +19,7 @@ CPU), for
 `agree` says whether each baseline's greedy tokens equal the engine's (random weights
 make near-ties rare but possible, so a mismatch is reported, not fatal).
 
-Usage: python3 benchmarks/inference.py [--batches 1,8,32] [--new-tokens 64] [--repeats 2]
+Usage: python3 benchmarks/inference.py [--batches 1,8,32] [--new-tokens 64] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def main() -> None:
   ap.add_argument("--batches", default="1,8,32")
   ap.add_argument("--prompt-len", type=int, default=16)
   ap.add_argument("--new-tokens", type=int, default=64)
-  ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--skip", default="", help="comma list of baselines to skip: naive,hf,tunix")
   args = ap.parse_args()
   batches = [int(b) for b in args.batches.split(",")]

@@ -14,9 +14,9 @@ value:
   `ragged_dot` is lowered to a dense masked matmul over all groups.
 * `experts_dense`: every expert on every token, combined with a `[N, E]` matrix that is
   zero off the top-k (the simple reference).
-* decode-sized token counts (few tokens, XLA:CPU): `experts_gather` (each assignment
-  gathers its expert's weights; N*k well below E) and `experts_dense_batched` (all
-  experts, batched over E; N <= E/2). "auto" chooses by token count (`auto_impl`).
+* `experts_gather`: each assignment gathers its own expert's weights (no sort); for
+  decode-sized token counts (N*k well below E). "auto" chooses by backend and token
+  count (`auto_impl`).
 
 Under a mesh (`jax.set_mesh`), `moe_block_sharded` runs the router and the dispatch per
 data shard inside `jax.shard_map` (local sort, no global scatter; expert weights
@@ -226,7 +226,9 @@ def experts_blocked(x, routing: Routing, w_gate, w_up, w_down, block_size: int |
   a = n * k
   m = block_size or default_block_size(a, num_experts, w_gate.shape[-1])
   nb = -(-(a + num_experts * (m - 1)) // m)
-  nb = -(-nb // 8) * 8  # a multiple of 8 so blocks split over the batch mesh axes
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is not None and not mesh.empty and not mesh.manual_axes:
+    nb = -(-nb // 8) * 8  # a multiple of 8 so blocks split over the batch mesh axes
   rows = nb * m
   flat, order, group_sizes = _sort_by_expert(routing, num_experts)
   padded = ((group_sizes + m - 1) // m) * m
@@ -252,13 +254,20 @@ def experts_blocked(x, routing: Routing, w_gate, w_up, w_down, block_size: int |
   # axes, so a device holds only the weights of its own blocks.
   blk = ("batch", None, None)
   xp = constrain(xp.reshape(nb, m, -1), blk)
-  # gate and up run as one matmul against their concatenation `[E, D, 2F]`: one weight
-  # gather and one (twice as wide) batched matmul instead of two, forward and backward.
+  # At training sizes (>= 128 rows per expert) gate and up run as one matmul against
+  # their concatenation `[E, D, 2F]`: one weight gather and one (twice as wide) batched
+  # matmul instead of two, forward and backward. Below that (decode steps, prefills)
+  # the concatenation's copy of all experts' weights costs more than it saves (a
+  # 32-slot decode step of the `small` preset: 8.2 vs 12.1 ms).
   f = w_gate.shape[-1]
-  w_gu = jnp.concatenate([w_gate, w_up], axis=-1)
-  wgu, wd = (constrain(_take_experts(w, block_expert), blk) for w in (w_gu, w_down))
-  gu = jnp.einsum("bmd,bdf->bmf", xp, wgu)
-  h = _swiglu(gu[..., :f], gu[..., f:])
+  if a >= 128 * num_experts:
+    w_gu = jnp.concatenate([w_gate, w_up], axis=-1)
+    wgu, wd = (constrain(_take_experts(w, block_expert), blk) for w in (w_gu, w_down))
+    gu = jnp.einsum("bmd,bdf->bmf", xp, wgu)
+    h = _swiglu(gu[..., :f], gu[..., f:])
+  else:
+    wg, wu, wd = (constrain(_take_experts(w, block_expert), blk) for w in (w_gate, w_up, w_down))
+    h = _swiglu(jnp.einsum("bmd,bdf->bmf", xp, wg), jnp.einsum("bmd,bdf->bmf", xp, wu))
   yp = constrain(jnp.einsum("bmf,bfd->bmd", constrain(h, blk), wd), blk).reshape(rows, -1)
   return _combine(_take_rows(yp, dest, src), routing, n, k)
 
@@ -279,48 +288,27 @@ def experts_gather(x, routing: Routing, w_gate, w_up, w_down):
   return _combine(y, routing, n, k)
 
 
-def experts_dense_batched(x, routing: Routing, w_gate, w_up, w_down):
-  """All experts on all tokens as matmuls batched over the expert axis (`[E, N, D] @
-  [E, D, F]`, the weights' own layout, so nothing is transposed or copied), combined
-  with the `[E, N]` top-k weights. For few tokens (N <= E/2): reads every expert's
-  weights once with no sort/scatter, cheaper than the blocked dispatch's weight gathers.
-  """
-  num_experts = w_gate.shape[0]
-  combine = jnp.einsum(
-    "nk,nke->en", routing.weights, jax.nn.one_hot(routing.experts, num_experts, dtype=x.dtype)
-  )
-  xe = jnp.broadcast_to(x[None], (num_experts,) + x.shape)
-  h = _swiglu(jnp.einsum("end,edf->enf", xe, w_gate), jnp.einsum("end,edf->enf", xe, w_up))
-  y = jnp.einsum("enf,efd->end", h, w_down)
-  return jnp.einsum("end,en->nd", y, combine)
-
-
-# Token-count thresholds of the "auto" choice on XLA:CPU (measured on the `small` preset,
-# E=16, k=2, decode steps at batch 1/8/32 and 16-token prefills; see
-# benchmarks/inference.py): per-assignment weight gathers while N*k <= E/4, all experts
-# batched over E while N <= E/2, the blocked dispatch above that (training sizes).
+# Token-count threshold of the "auto" choice on XLA:CPU, measured on the `small` preset
+# (E=16, k=2; whole decode steps, benchmarks/inference.py): per-assignment weight
+# gathers while 8*N*k <= E (a batch-1 decode step: 1.0 vs 1.2 ms), the blocked dispatch
+# above (batch 2: 0.9 vs 1.2 ms; batch 8: 2.9 vs 4.4 ms for all experts dense).
 def auto_impl(num_tokens: int, k: int, num_experts: int, backend: str | None = None) -> str:
   """The implementation "auto" runs for `num_tokens` tokens (static under jit)."""
   backend = backend or jax.default_backend()
   if backend != "cpu":
     return "ragged"
-  if 4 * num_tokens * k <= num_experts:
+  if 8 * num_tokens * k <= num_experts:
     return "gather"
-  if 2 * num_tokens <= num_experts:
-    return "dense_batched"
   return "blocked"
 
 
 def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: int | None = None):
   """Runs the experts with the named implementation ("auto", "ragged", "blocked", "dense",
-  or the decode-sized "gather" and "dense_batched"). "auto" picks by backend and token
-  count (`auto_impl`)."""
+  or the decode-sized "gather"). "auto" picks by backend and token count (`auto_impl`)."""
   if impl == "auto":
     impl = auto_impl(x.shape[0], routing.experts.shape[1], w_gate.shape[0])
   if impl == "gather":
     return experts_gather(x, routing, w_gate, w_up, w_down)
-  if impl == "dense_batched":
-    return experts_dense_batched(x, routing, w_gate, w_up, w_down)
   if impl == "ragged":
     return experts_ragged(x, routing, w_gate, w_up, w_down)
   if impl == "blocked":
@@ -328,8 +316,7 @@ def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: i
   if impl == "dense":
     return experts_dense(x, routing, w_gate, w_up, w_down)
   raise ValueError(
-    f"unknown MoE implementation {impl!r}; expected auto, ragged, blocked, dense, gather "
-    "or dense_batched"
+    f"unknown MoE implementation {impl!r}; expected auto, ragged, blocked, dense or gather"
   )
 
 

@@ -183,7 +183,7 @@ def test_batched_prefill_equals_one_request_at_a_time(engine):
     for i, n in enumerate((5, 40, 16, 3))
   ]
   slots = [2, 0, 3, 1]
-  one = run(engine, {s: r for s, r in zip(slots, reqs)}, 6)
+  one = run(engine, {s: r for s, r in zip(slots, reqs, strict=True)}, 6)
   state = engine.init_decode_state()
   groups = engine.prefill_many(engine.params, [p for p, _ in reqs], samplings=[s for _, s in reqs])
   assert len(groups) == 2  # buckets 16 and 64
@@ -191,7 +191,7 @@ def test_batched_prefill_equals_one_request_at_a_time(engine):
   got = {s: ([], [], []) for s in slots}
   for tok, logp, raw, idx in jax.device_get(engine.first_tokens(groups)):
     for r, i in enumerate(idx):
-      for col, v in zip(got[slots[i]], (int(tok[r]), float(logp[r]), float(raw[r]))):
+      for col, v in zip(got[slots[i]], (int(tok[r]), float(logp[r]), float(raw[r])), strict=True):
         col.append(v)
   for _ in range(6):
     state, res = engine.generate(engine.params, state)

@@ -63,7 +63,7 @@ def test_dispatch_impls_agree_with_numpy(seed, skew):
   x, routing, (wg, wu, wd) = _moe_case(seed, skew=skew)
   ref = _numpy_moe(x, routing, wg, wu, wd)
   run = jax.jit(moe.dispatch, static_argnums=(0, 6))
-  impls = ("dense", "ragged", "blocked", "gather", "dense_batched")
+  impls = ("dense", "ragged", "blocked", "gather")
   outs = {impl: run(impl, x, routing, wg, wu, wd, None) for impl in impls}
   for m in (1, 4, 16):
     outs[f"blocked{m}"] = run("blocked", x, routing, wg, wu, wd, m)
@@ -80,18 +80,18 @@ def test_dispatch_gradients_agree():
 
   grads = {
     i: jax.jit(jax.grad(lambda *a, i=i: loss(i, *a), argnums=(0, 1, 2)))(x, ws, routing.weights)
-    for i in ("dense", "ragged", "blocked", "gather", "dense_batched")
+    for i in ("dense", "ragged", "blocked", "gather")
   }
-  for impl in ("ragged", "blocked", "gather", "dense_batched"):
+  for impl in ("ragged", "blocked", "gather"):
     for a, b in zip(jax.tree.leaves(grads[impl]), jax.tree.leaves(grads["dense"]), strict=True):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5, err_msg=impl)
 
 
 def test_auto_dispatch_follows_token_count():
-  """XLA:CPU: per-assignment gathers for a few tokens, all experts batched for up to E/2
-  tokens, the blocked dispatch above (decode steps vs prefill/training)."""
+  """XLA:CPU: per-assignment weight gathers for a batch-1 decode step, the blocked
+  dispatch from batch 2 on (decode steps, prefills, training)."""
   assert moe.auto_impl(1, 2, 16, "cpu") == "gather"  # batch-1 decode step
-  assert moe.auto_impl(8, 2, 16, "cpu") == "dense_batched"
+  assert moe.auto_impl(2, 2, 16, "cpu") == "blocked"
   assert moe.auto_impl(32, 2, 16, "cpu") == "blocked"
   assert moe.auto_impl(1, 2, 16, "gpu") == "ragged"
 
