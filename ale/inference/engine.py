@@ -195,6 +195,7 @@ class Engine:
       init_cache_fn = _default_init_cache()
     self.config = model.config
     self._init_cache = init_cache_fn
+    self._pending_free: set[int] = set()  # slots released by `free(slot)`
     self.graphdef, params = nnx.split(model)
     # Commit the weights to their current placement, so `update_weights` (which places
     # new weights the same way) never changes what the compiled programs were built for.
@@ -408,6 +409,7 @@ class Engine:
         if not 0 <= slots[i] < self.max_concurrent_decodes:
           raise ValueError(f"slot {slots[i]} out of range [0, {self.max_concurrent_decodes})")
         where[r] = slots[i]
+        self._pending_free.discard(int(slots[i]))
       decode_state = self._insert_many_fn(pre, decode_state, where)
     return decode_state
 
@@ -419,17 +421,45 @@ class Engine:
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     """Moves a prefilled request into decode slot `slot` (the old state is donated)."""
-    if not 0 <= slot < self.max_concurrent_decodes:
-      raise ValueError(f"slot {slot} out of range [0, {self.max_concurrent_decodes})")
+    slot = self._check_slot(slot)
+    self._pending_free.discard(slot)
     return self._insert_fn(prefix, decode_state, np.int32(slot))
 
   def generate(self, params: Params, decode_state: DecodeState) -> tuple[DecodeState, ResultTokens]:
-    """Advances every active slot by one token (one jitted call; state is donated)."""
+    """Advances every active slot by one token (one jitted call; state is donated).
+
+    Slots released with the one-argument `free(slot)` are deactivated first.
+    """
+    if self._pending_free:
+      for slot in sorted(self._pending_free):
+        decode_state = self._free_fn(decode_state, np.int32(slot))
+      self._pending_free.clear()
     return self._generate_fn(params, decode_state)
 
-  def free(self, decode_state: DecodeState, slot: int) -> DecodeState:
-    """Marks `slot` free; its cache rows are overwritten by the next insert."""
+  def free(self, *args) -> DecodeState | None:
+    """Releases a decode slot; its cache rows are overwritten by the next insert.
+
+    Two forms:
+      `free(slot)` — JetStream's form: the slot stops decoding from the next `generate`
+        (an `insert` into it before then cancels the release). Returns None.
+      `free(decode_state, slot) -> decode_state` — functional form, applied now.
+    """
+    if len(args) == 1:
+      slot = self._check_slot(args[0])
+      self._pending_free.add(slot)
+      return None
+    if len(args) != 2:
+      raise TypeError(f"free takes (slot) or (decode_state, slot), got {len(args)} arguments")
+    decode_state, slot = args
+    slot = self._check_slot(slot)
+    self._pending_free.discard(slot)
     return self._free_fn(decode_state, np.int32(slot))
+
+  def _check_slot(self, slot) -> int:
+    slot = int(slot)
+    if not 0 <= slot < self.max_concurrent_decodes:
+      raise ValueError(f"slot {slot} out of range [0, {self.max_concurrent_decodes})")
+    return slot
 
   def update_weights(self, params: Params, version: int) -> None:
     """Swaps in new weights (same structure, shapes and dtypes) for later steps.

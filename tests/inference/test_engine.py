@@ -90,6 +90,27 @@ def test_result_is_independent_of_slot_and_batch(engine):
   assert late[0] == alone[0]
 
 
+def test_jetstream_free_slot_form(engine):
+  """`free(slot)` (JetStream's signature) stops the slot at the next generate."""
+  state = engine.init_decode_state()
+  for slot, seed in ((0, 3), (1, 4)):
+    pre = engine.prefill(engine.params, prompt(8, 60 + slot), sampling=SamplingParams(seed=seed))
+    state = engine.insert(pre, state, slot)
+  state, _ = engine.generate(engine.params, state)
+  assert engine.free(1) is None
+  state, _ = engine.generate(engine.params, state)
+  active = np.asarray(state.active)
+  assert bool(active[0]) and not bool(active[1])
+  # Freed then re-inserted before the next step: the release is cancelled.
+  engine.free(0)
+  pre = engine.prefill(engine.params, prompt(8, 70), sampling=SamplingParams(seed=5))
+  state = engine.insert(pre, state, 0)
+  state, _ = engine.generate(engine.params, state)
+  assert bool(np.asarray(state.active)[0])
+  with pytest.raises(ValueError, match="out of range"):
+    engine.free(engine.max_concurrent_decodes)
+
+
 @contextlib.contextmanager
 def count_compilations():
   events = []
