@@ -27,7 +27,9 @@ import time
 
 from absl import app, flags, logging
 
-OUT_DIR = flags.DEFINE_string("out_dir", "runs/quickstart", "Where metrics.jsonl and summary.png go.")
+OUT_DIR = flags.DEFINE_string(
+  "out_dir", "runs/quickstart", "Where metrics.jsonl and summary.png go."
+)
 STEPS = flags.DEFINE_integer("steps", 10, "Optax steps of the chunk-level IPA loss.")
 ENV_ID = flags.DEFINE_string("env_id", "ale/SimFiles-v0", "Simulated GEM environment to solve.")
 DIFFICULTY = flags.DEFINE_string("difficulty", "medium", "Difficulty of the simulated task.")
@@ -61,8 +63,11 @@ def run_expert_episode(env_id: str, difficulty: str, seed: int):
   env = ale.envs.make(env_id, difficulty=difficulty)
   obs, _ = env.reset(seed=seed)
   messages = [
-      {"role": "system", "content": "You are an agent. Use the tools to finish the task, then call submit."},
-      {"role": "user", "content": obs},
+    {
+      "role": "system",
+      "content": "You are an agent. Use the tools to finish the task, then call submit.",
+    },
+    {"role": "user", "content": obs},
   ]
   reward, info = 0.0, {}
   for action in env.unwrapped.expert_actions():
@@ -90,14 +95,22 @@ def main(argv):
 
   out_dir = pathlib.Path(OUT_DIR.value)
   rec = _Recorder(out_dir)
-  print(f"ale quickstart: jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}; writing {out_dir}/")
+  print(
+    f"ale quickstart: jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}; writing {out_dir}/"
+  )
 
   # 1. env
   t0 = time.perf_counter()
   messages, tools, reward, info = run_expert_episode(ENV_ID.value, DIFFICULTY.value, SEED.value)
   n_calls = sum(m["role"] == "assistant" for m in messages)
-  rec.stage("env", time.perf_counter() - t0, f"{ENV_ID.value} ({DIFFICULTY.value}): expert made {n_calls} tool calls, reward {reward:.1f}",
-            reward=reward, tool_calls=n_calls, success=bool(info.get("success", reward > 0)))
+  rec.stage(
+    "env",
+    time.perf_counter() - t0,
+    f"{ENV_ID.value} ({DIFFICULTY.value}): expert made {n_calls} tool calls, reward {reward:.1f}",
+    reward=reward,
+    tool_calls=n_calls,
+    success=bool(info.get("success", reward > 0)),
+  )
 
   # 2. chat template -> tokens, policy mask, chunks, chunk returns
   t0 = time.perf_counter()
@@ -108,9 +121,15 @@ def main(argv):
   chunk_ids = ipa.segment_chunks(policy_mask)
   returns = ipa.chunk_returns(chunk_ids, jnp.asarray([reward], jnp.float32), gamma=0.9)
   n_chunks = int(ipa.num_chunks(chunk_ids)[0])
-  rec.stage("chat", time.perf_counter() - t0, f"{tokens.shape[1]} tokens, {int(policy_mask.sum())} policy tokens in {n_chunks} chunks; "
-            f"chunk returns {[round(float(g), 3) for g in np.unique(np.asarray(returns)[np.asarray(chunk_ids) >= 0])]}",
-            tokens=int(tokens.shape[1]), policy_tokens=int(policy_mask.sum()), chunks=n_chunks)
+  rec.stage(
+    "chat",
+    time.perf_counter() - t0,
+    f"{tokens.shape[1]} tokens, {int(policy_mask.sum())} policy tokens in {n_chunks} chunks; "
+    f"chunk returns {[round(float(g), 3) for g in np.unique(np.asarray(returns)[np.asarray(chunk_ids) >= 0])]}",
+    tokens=int(tokens.shape[1]),
+    policy_tokens=int(policy_mask.sum()),
+    chunks=n_chunks,
+  )
 
   # 3. model
   t0 = time.perf_counter()
@@ -118,16 +137,28 @@ def main(argv):
   model = Qwen3MoeForCausalLM(config, rngs=nnx.Rngs(SEED.value))
   logp0 = sequence_logprobs(model, tokens)
   expert_logp0 = float((logp0 * policy_mask).sum() / policy_mask.sum())
-  rec.stage("model", time.perf_counter() - t0, f"tiny Qwen3-MoE ({config.num_experts} experts top-{config.num_experts_per_tok}): "
-            f"mean expert-token log-prob {expert_logp0:.3f}", expert_logp=expert_logp0)
+  rec.stage(
+    "model",
+    time.perf_counter() - t0,
+    f"tiny Qwen3-MoE ({config.num_experts} experts top-{config.num_experts_per_tok}): "
+    f"mean expert-token log-prob {expert_logp0:.3f}",
+    expert_logp=expert_logp0,
+  )
 
   # 4. IPA: the three levels on the same batch, then a few optimisation steps.
   t0 = time.perf_counter()
-  batch = ipa.Batch(policy_mask=policy_mask, advantages=jnp.asarray([reward], jnp.float32),
-                    old_logp=logp0, behavior_logp=logp0, chunk_ids=chunk_ids)
+  batch = ipa.Batch(
+    policy_mask=policy_mask,
+    advantages=jnp.asarray([reward], jnp.float32),
+    old_logp=logp0,
+    behavior_logp=logp0,
+    chunk_ids=chunk_ids,
+  )
   losses = {}
   for level in ("chunk", "token", "sequence"):
-    loss, _ = jax.jit(ipa.ipa_loss, static_argnums=2)(logp0, batch, ipa.IPAConfig(granularity=level, gamma=0.9))
+    loss, _ = jax.jit(ipa.ipa_loss, static_argnums=2)(
+      logp0, batch, ipa.IPAConfig(granularity=level, gamma=0.9)
+    )
     losses[level] = float(loss)
   config_ipa = ipa.IPAConfig(granularity="chunk", gamma=0.9, mismatch_threshold=2.0)
   optimizer = nnx.Optimizer(model, optax.adamw(3e-3), wrt=nnx.Param)
@@ -147,14 +178,32 @@ def main(argv):
   for step in range(STEPS.value):
     loss, expert_logp, gnorm = train_step(model, optimizer)
     history.append((float(loss), float(expert_logp)))
-    rec.write({"stage": "ipa_step", "step": step, "loss": float(loss), "expert_logp": float(expert_logp), "grad_norm": float(gnorm)})
+    rec.write(
+      {
+        "stage": "ipa_step",
+        "step": step,
+        "loss": float(loss),
+        "expert_logp": float(expert_logp),
+        "grad_norm": float(gnorm),
+      }
+    )
     if step % 5 == 0 or step == STEPS.value - 1:
-      logging.info("step %d loss %.4f expert log-prob %.4f |g| %.3f", step, float(loss), float(expert_logp), float(gnorm))
+      logging.info(
+        "step %d loss %.4f expert log-prob %.4f |g| %.3f",
+        step,
+        float(loss),
+        float(expert_logp),
+        float(gnorm),
+      )
   final_logp = history[-1][1] if history else expert_logp0
-  rec.stage("ipa", time.perf_counter() - t0,
-            f"loss chunk {losses['chunk']:.4f} / token {losses['token']:.4f} / sequence {losses['sequence']:.4f}; "
-            f"{STEPS.value} Adam steps: expert log-prob {expert_logp0:.3f} -> {final_logp:.3f}",
-            **{f"loss_{k}": v for k, v in losses.items()}, expert_logp_final=final_logp)
+  rec.stage(
+    "ipa",
+    time.perf_counter() - t0,
+    f"loss chunk {losses['chunk']:.4f} / token {losses['token']:.4f} / sequence {losses['sequence']:.4f}; "
+    f"{STEPS.value} Adam steps: expert log-prob {expert_logp0:.3f} -> {final_logp:.3f}",
+    **{f"loss_{k}": v for k, v in losses.items()},
+    expert_logp_final=final_logp,
+  )
 
   # 5. sandbox
   if SANDBOX.value:
@@ -176,14 +225,21 @@ async def _sandbox_stage() -> tuple[str, dict]:
   try:
     async with Client() as client:
       async with await client.create(BASE_IMAGE, memory_mb=256, cpus=1.0) as sb:
-        res = await sb.exec("python3 -c 'import os; print(6 * 7, os.getuid())'; ls /sys/class/net", timeout_s=30)
+        res = await sb.exec(
+          "python3 -c 'import os; print(6 * 7, os.getuid())'; ls /sys/class/net", timeout_s=30
+        )
     out = res.stdout.split()
-    return (f"{BASE_IMAGE}: exit {res.exit_code}, printed {out[:2]} (answer, uid), interfaces {out[2:]}, exec {res.duration_s * 1e3:.0f} ms",
-            {"exit_code": res.exit_code, "stdout": res.stdout, "exec_ms": res.duration_s * 1e3})
+    return (
+      f"{BASE_IMAGE}: exit {res.exit_code}, printed {out[:2]} (answer, uid), interfaces {out[2:]}, exec {res.duration_s * 1e3:.0f} ms",
+      {"exit_code": res.exit_code, "stdout": res.stdout, "exec_ms": res.duration_s * 1e3},
+    )
   except Exception as e:  # no engine here: say so, never fake the stage
     if os.environ.get("ALE_REQUIRE_DOCKER") == "1":
       raise
-    return f"skipped: no Docker engine ({type(e).__name__}: {e}); run `sudo bash scripts/docker_up.sh`", {"skipped": True}
+    return (
+      f"skipped: no Docker engine ({type(e).__name__}: {e}); run `sudo bash scripts/docker_up.sh`",
+      {"skipped": True},
+    )
 
 
 def _plot(path: pathlib.Path, history, stages) -> None:

@@ -30,7 +30,10 @@ def _engine_or_reason():
     client.ping()
     return client, None
   except Exception as e:  # any failure to reach the engine
-    return None, f"no Docker engine reachable ({type(e).__name__}: {e}); run `sudo bash scripts/docker_up.sh`"
+    return (
+      None,
+      f"no Docker engine reachable ({type(e).__name__}: {e}); run `sudo bash scripts/docker_up.sh`",
+    )
 
 
 def _unavailable(reason: str):

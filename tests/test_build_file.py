@@ -28,11 +28,15 @@ def test_every_module_and_test_is_in_build():
 
 def test_build_lists_no_missing_file():
   gone = sorted(p for p in _listed() if not (ROOT / p).exists())
-  assert not gone, f"BUILD lists files that do not exist: {gone}; run `python3 scripts/gen_build.py`"
+  assert not gone, (
+    f"BUILD lists files that do not exist: {gone}; run `python3 scripts/gen_build.py`"
+  )
 
 
 def test_every_test_file_has_a_py_test_target():
   text = (ROOT / "BUILD").read_text()
   for p in sorted((ROOT / "tests").rglob("test_*.py")):
     rel = p.relative_to(ROOT).as_posix()
-    assert re.search(r'py_test\(\s*name = "[^"]+",\s*srcs = \[\s*"' + re.escape(rel), text), f"no py_test for {rel}"
+    assert re.search(r'py_test\(\s*name = "[^"]+",\s*srcs = \[\s*"' + re.escape(rel), text), (
+      f"no py_test for {rel}"
+    )

@@ -17,18 +17,24 @@ def _run(client, image, command, **kwargs):
 
 
 def test_python3_runs_in_base_image_without_network(docker_client, base_image):
-  code, logs, _ = _run(docker_client, base_image, ["python3", "-c", "import sys; print(sys.version_info[:2])"])
+  code, logs, _ = _run(
+    docker_client, base_image, ["python3", "-c", "import sys; print(sys.version_info[:2])"]
+  )
   assert code == 0, logs
   assert logs.strip().startswith("(3,"), logs
 
 
 def test_memory_limit_kills_a_large_allocation(docker_client, base_image):
   code, logs, state = _run(
-      docker_client,
-      base_image,
-      ["python3", "-c", "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096]); print('survived')"],
-      mem_limit="256m",
-      memswap_limit="256m",
+    docker_client,
+    base_image,
+    [
+      "python3",
+      "-c",
+      "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096]); print('survived')",
+    ],
+    mem_limit="256m",
+    memswap_limit="256m",
   )
   assert "survived" not in logs
   assert code == 137 or state.get("OOMKilled"), (code, state, logs)
@@ -42,5 +48,9 @@ def test_container_sees_only_loopback(docker_client, base_image):
 
 def test_base_image_has_the_recipe_tools(docker_client, base_image):
   tools = ["bash", "python3", "git", "tmux", "ps", "sqlite3", "jq", "pytest"]
-  code, logs, _ = _run(docker_client, base_image, ["bash", "-c", f"for t in {' '.join(tools)}; do command -v $t || echo MISSING $t; done"])
+  code, logs, _ = _run(
+    docker_client,
+    base_image,
+    ["bash", "-c", f"for t in {' '.join(tools)}; do command -v $t || echo MISSING $t; done"],
+  )
   assert code == 0 and "MISSING" not in logs, logs

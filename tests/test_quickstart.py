@@ -14,8 +14,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_quickstart_runs_and_writes_metrics_and_plot(tmp_path, docker_client, base_image):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.quickstart", f"--out_dir={tmp_path}", "--steps=3", "--difficulty=easy"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    [
+      sys.executable,
+      "-m",
+      "experiments.quickstart",
+      f"--out_dir={tmp_path}",
+      "--steps=3",
+      "--difficulty=easy",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   for stage in ("[env", "[chat", "[model", "[ipa", "[sandbox"):
@@ -23,7 +34,11 @@ def test_quickstart_runs_and_writes_metrics_and_plot(tmp_path, docker_client, ba
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   stages = {r["stage"]: r for r in records}
   assert stages["env"]["success"] is True
-  assert stages["sandbox"]["exit_code"] == 0 and stages["sandbox"]["stdout"].split()[:3] == ["42", "1000", "lo"]
+  assert stages["sandbox"]["exit_code"] == 0 and stages["sandbox"]["stdout"].split()[:3] == [
+    "42",
+    "1000",
+    "lo",
+  ]
   steps = [r for r in records if r["stage"] == "ipa_step"]
   assert len(steps) == 3 and steps[-1]["expert_logp"] > steps[0]["expert_logp"]
   assert (tmp_path / "summary.png").stat().st_size > 10_000

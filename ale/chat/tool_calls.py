@@ -26,7 +26,9 @@ from typing import Any, Mapping, Sequence
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 
-_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
+_BLOCK = re.compile(
+  re.escape(TOOL_CALL_OPEN) + r"(.*?)(" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +45,9 @@ class ToolCall:
   def to_openai(self, index: int = 0) -> dict[str, Any]:
     """The OpenAI `tool_calls[i]` entry for this call."""
     return {
-        "id": self.id or f"call_{index}",
-        "type": "function",
-        "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
+      "id": self.id or f"call_{index}",
+      "type": "function",
+      "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
     }
 
 
@@ -87,11 +89,15 @@ def _parse_block(raw: str, closed: bool) -> ToolCall | ToolCallError:
     return ToolCallError(f"tool call is missing its closing {TOOL_CALL_CLOSE} tag", raw)
   body = raw.strip()
   if not body:
-    return ToolCallError("tool call is empty; expected a JSON object with 'name' and 'arguments'", raw)
+    return ToolCallError(
+      "tool call is empty; expected a JSON object with 'name' and 'arguments'", raw
+    )
   try:
     obj = json.loads(body)
   except json.JSONDecodeError as e:
-    return ToolCallError(f"tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", raw)
+    return ToolCallError(
+      f"tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", raw
+    )
   if not isinstance(obj, dict):
     return ToolCallError(f"tool call must be a JSON object, got {type(obj).__name__}", raw)
   name = obj.get("name")
@@ -102,12 +108,18 @@ def _parse_block(raw: str, closed: bool) -> ToolCall | ToolCallError:
     try:
       args = json.loads(args) if args.strip() else {}
     except json.JSONDecodeError as e:
-      return ToolCallError(f"'arguments' of tool '{name}' is a string that is not JSON ({e.msg})", raw)
+      return ToolCallError(
+        f"'arguments' of tool '{name}' is a string that is not JSON ({e.msg})", raw
+      )
   if not isinstance(args, dict):
-    return ToolCallError(f"'arguments' of tool '{name}' must be a JSON object, got {type(args).__name__}", raw)
+    return ToolCallError(
+      f"'arguments' of tool '{name}' must be a JSON object, got {type(args).__name__}", raw
+    )
   extra = sorted(set(obj) - {"name", "arguments"})
   if extra:
-    return ToolCallError(f"tool call has unknown keys {extra}; expected only 'name' and 'arguments'", raw)
+    return ToolCallError(
+      f"tool call has unknown keys {extra}; expected only 'name' and 'arguments'", raw
+    )
   return ToolCall(name=name, arguments=args)
 
 
@@ -125,7 +137,9 @@ def parse_tool_calls(text: str) -> ParsedCompletion:
   pieces.append(text[pos:])
   content = "".join(pieces)
   if TOOL_CALL_CLOSE in content:
-    errors.append(ToolCallError(f"found {TOOL_CALL_CLOSE} without a matching {TOOL_CALL_OPEN}", text))
+    errors.append(
+      ToolCallError(f"found {TOOL_CALL_CLOSE} without a matching {TOOL_CALL_OPEN}", text)
+    )
     content = content.replace(TOOL_CALL_CLOSE, "")
   return ParsedCompletion(content=content.strip(), calls=tuple(calls), errors=tuple(errors))
 
@@ -146,12 +160,12 @@ def validate_arguments(call: ToolCall, schema: Mapping[str, Any]) -> str | None:
     if unknown:
       return f"tool '{call.name}' got unknown arguments {unknown}; it accepts {sorted(props)}"
   types = {
-      "string": (str,),
-      "integer": (int,),
-      "number": (int, float),
-      "boolean": (bool,),
-      "array": (list,),
-      "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
   }
   for key, value in call.arguments.items():
     spec = props.get(key)
@@ -159,7 +173,9 @@ def validate_arguments(call: ToolCall, schema: Mapping[str, Any]) -> str | None:
       continue
     want = spec.get("type")
     if want in types:
-      ok = isinstance(value, types[want]) and not (want in ("integer", "number") and isinstance(value, bool))
+      ok = isinstance(value, types[want]) and not (
+        want in ("integer", "number") and isinstance(value, bool)
+      )
       if not ok:
         return f"argument '{key}' of tool '{call.name}' must be {want}, got {type(value).__name__}"
     if "enum" in spec and value not in spec["enum"]:
