@@ -97,20 +97,27 @@ def chunk_steps_to_end(chunk_ids: Array, steps_to_end: Array | None = None) -> A
   if steps_to_end is None:
     delta = num_chunks(c)[:, None] - 1 - c
   else:
-    s = jnp.asarray(steps_to_end)
-    if s.ndim == 1:
-      s = s[:, None]
-    if s.ndim != 2 or s.shape[0] != c.shape[0]:
-      raise ValueError(
-        f"steps_to_end has shape {jnp.shape(steps_to_end)}; expected [B, T] per token, "
-        f"[B, C] per chunk or [B] per row with B = {c.shape[0]}"
-      )
+    s = steps_to_end_2d(steps_to_end, c.shape[0])
     if s.shape == c.shape:
       delta = s
     else:
       idx = jnp.clip(c, 0, s.shape[1] - 1)
       delta = jnp.take_along_axis(s, idx, axis=1)
   return jnp.where(on, delta, 0)
+
+
+def steps_to_end_2d(steps_to_end: Array, batch: int) -> Array:
+  """`steps_to_end` as a 2-D array: `[B, T]` per token, `[B, C]` per chunk, or `[B, 1]`
+  from `[B]` per row; raises on any other shape."""
+  s = jnp.asarray(steps_to_end)
+  if s.ndim == 1:
+    s = s[:, None]
+  if s.ndim != 2 or s.shape[0] != batch:
+    raise ValueError(
+      f"steps_to_end has shape {jnp.shape(steps_to_end)}; expected [B, T] per token, "
+      f"[B, C] per chunk or [B] per row with B = {batch}"
+    )
+  return s
 
 
 def chunk_returns(

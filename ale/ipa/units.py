@@ -27,7 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ale.ipa.chunks import _segment_sums, chunk_space_sums, num_chunks, to_tokens
+from ale.ipa.chunks import _segment_sums, chunk_space_sums, num_chunks, steps_to_end_2d, to_tokens
 
 Array = jax.Array
 
@@ -193,14 +193,7 @@ def unit_deltas(
   if steps_to_end is None:
     delta = k[:, None] - 1 - ids
   else:
-    s = jnp.asarray(steps_to_end)
-    if s.ndim == 1:
-      s = s[:, None]
-    if s.ndim != 2 or s.shape[0] != ids.shape[0]:
-      raise ValueError(
-        f"steps_to_end has shape {jnp.shape(steps_to_end)}; expected [B, T] per token, "
-        f"[B, C] per chunk or [B] per row with B = {ids.shape[0]}"
-      )
+    s = steps_to_end_2d(steps_to_end, ids.shape[0])
     if s.shape[1] == t and t != 1:
       return None
     if s.shape[1] == 1:
