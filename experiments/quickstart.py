@@ -155,10 +155,9 @@ def main(argv):
     chunk_ids=chunk_ids,
   )
   losses = {}
+  ipa_loss = jax.jit(ipa.ipa_loss, static_argnums=2)
   for level in ("chunk", "token", "sequence"):
-    loss, _ = jax.jit(ipa.ipa_loss, static_argnums=2)(
-      logp0, batch, ipa.IPAConfig(granularity=level, gamma=0.9)
-    )
+    loss, _ = ipa_loss(logp0, batch, ipa.IPAConfig(granularity=level, gamma=0.9))
     losses[level] = float(loss)
   config_ipa = ipa.IPAConfig(granularity="chunk", gamma=0.9, mismatch_threshold=2.0)
   optimizer = nnx.Optimizer(model, optax.adamw(3e-3), wrt=nnx.Param)
