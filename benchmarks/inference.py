@@ -7,7 +7,8 @@ CPU), for
 * engine  — `ale.inference.Engine`: one batched prefill of the waiting requests and
             their inserts (what the orchestrator does when requests arrive together),
             then one jitted `generate` per token for all slots with one host transfer
-            per step (decode state donated; compile excluded by a warm-up run);
+            per step, one step behind the device as in the orchestrator (decode
+            state donated; compile excluded by a warm-up run);
 * naive   — the jitted full forward over the whole padded sequence for every new token
             (no KV cache; fixed shapes, so no recompilation either);
 * hf      — `transformers` `generate` (KV cache, PyTorch CPU) on the same weights,
@@ -74,9 +75,15 @@ def engine_decode(model, batch: int, plen: int, new: int):
     for tok, _, _, idx in jax.device_get(eng.first_tokens(groups)):
       first[idx] = tok[: len(idx)]
     out = [first]
+    pending = None
     for _ in range(new - 1):
+      # As the orchestrator: queue step i+1, then make step i's one transfer.
       state, res = eng.generate(eng.params, state)
-      out.append(res.to_host().tokens)  # one transfer per step, as the orchestrator does
+      res.data.copy_to_host_async()
+      if pending is not None:
+        out.append(pending.to_host().tokens)
+      pending = res
+    out.append(pending.to_host().tokens)
     return np.stack(out, axis=1)
 
   return run

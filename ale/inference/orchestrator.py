@@ -6,7 +6,14 @@ keeps serving HTTP while the device works):
   1. free the slots of requests that finished or were cancelled,
   2. apply a pending weight update (between steps, no recompilation),
   3. prefill waiting requests into free slots and insert them,
-  4. run one `generate` step for all slots and make ONE transfer of its results.
+  4. dispatch one `generate` step for all slots, then make ONE transfer: the results
+     of the step before, which ran while this iteration's host work was done.
+
+The loop runs one step ahead of the host, as JetStream's generate and detokenize
+threads do: step i+1 is queued on the device before step i's tokens are fetched, so
+the Python dispatch of a step overlaps the device work of the previous one. A request
+that finishes at step i was still in step i+1; that token is discarded (each step
+remembers which request held each slot) and the slot is freed before step i+2.
 
 Back on the event loop, each slot's token is appended to its request, detokenised,
 checked against stop tokens / stop strings / max_tokens / the context, and streamed to
@@ -230,6 +237,8 @@ class Orchestrator:
     self._task: asyncio.Task | None = None
     self._closing = False
     self._state: DecodeState | None = None
+    # The dispatched, not yet fetched generate step: (results, slot owners, version).
+    self._inflight: tuple[Any, list[RequestHandle | None], int] | None = None
 
   # ------------------------------------------------------------------ lifecycle
   async def start(self) -> "Orchestrator":
@@ -348,7 +357,8 @@ class Orchestrator:
         fut.get_loop().call_soon_threadsafe(_set_exception, fut, e)
 
   def _device_step(self, to_free: list[int], admit: list[tuple[int, RequestHandle]]):
-    """Runs in a worker thread: frees, weights, prefill+insert, one generate, one transfer."""
+    """Runs in a worker thread: frees, weights, prefill+insert, dispatch one generate
+    step, then one transfer: the results of the previous step (see the module doc)."""
     eng = self.engine
     state = self._state
     for slot in to_free:
@@ -374,14 +384,20 @@ class Orchestrator:
           firsts[i] = (tok[r], logp[r], raw[r])
     self.stats.prefills += len(admit)
     first_host = jax.device_get(firsts) if firsts else []
-    result = None
     t0 = time.perf_counter()
-    if any(h is not None for h in self._slots):
+    previous, self._inflight = self._inflight, None
+    owners = list(self._slots)
+    if any(h is not None for h in owners):
       state, packed = eng.generate(eng.params, state)
-      result = packed.to_host()  # the one transfer of this step
+      packed.data.copy_to_host_async()
+      self._inflight = (packed, owners, version)
       self.stats.generate_steps += 1
-      self.stats.step_seconds += time.perf_counter() - t0
     self._state = state
+    result = None
+    if previous is not None:
+      packed, owners, step_version = previous
+      result = (packed.to_host(), owners, step_version)  # the one transfer of this step
+    self.stats.step_seconds += time.perf_counter() - t0
     return version, first_host, result
 
   async def _run(self) -> None:
@@ -409,8 +425,10 @@ class Orchestrator:
         async with self._room:
           self._room.notify_all()
       if self._closing:
+        self._inflight = None
         return
-      if not admit and not to_free and self.active_slots == 0:
+      idle = not admit and not to_free and self.active_slots == 0
+      if idle and self._inflight is None:
         if self._pending_weights is not None:
           self._apply_weights()
           continue
@@ -421,38 +439,42 @@ class Orchestrator:
         version, firsts, result = await asyncio.to_thread(self._device_step, to_free, admit)
       except Exception as e:  # a device failure fails the requests in flight, not the server
         log.exception("engine step failed")
+        self._inflight = None
         for slot, h in enumerate(self._slots):
           if h is not None:
             h._finish("error", error=f"{type(e).__name__}: {e}")
             self._slots[slot] = None
         self._state = await asyncio.to_thread(self.engine.init_decode_state)
         continue
-      # First tokens (from prefill, sampled with `version`).
+      # The previous step's tokens, for the requests that held the slots then; a
+      # request finished since (stop, length, cancel) discards its extra token.
+      if result is not None:
+        host, owners, step_version = result
+        for slot, h in enumerate(owners):
+          if h is None or h.done or not host.active[slot]:
+            continue
+          self.stats.generated_tokens += 1
+          if h._push(
+            int(host.tokens[slot]),
+            float(host.logp[slot]),
+            float(host.raw_logp[slot]),
+            step_version,
+            max_ctx,
+          ):
+            self._release(slot, h)
+      # First tokens of this iteration's admissions (from prefill, sampled with
+      # `version`); the step just dispatched continues them.
       for (slot, h), (tok, logp, raw) in zip(admit, firsts, strict=True):
-        if self._slots[slot] is not h:
+        if self._slots[slot] is not h or h.done:
           continue
         self.stats.generated_tokens += 1
         if h._push(int(tok), float(logp), float(raw), version, max_ctx):
-          self._release(slot)
-      if result is None:
-        continue
-      # The generate step ran after the admissions, so it advanced them too.
-      for slot, h in enumerate(self._slots):
-        if h is None or not result.active[slot]:
-          continue
-        self.stats.generated_tokens += 1
-        if h._push(
-          int(result.tokens[slot]),
-          float(result.logp[slot]),
-          float(result.raw_logp[slot]),
-          version,
-          max_ctx,
-        ):
-          self._release(slot)
+          self._release(slot, h)
 
-  def _release(self, slot: int) -> None:
-    self._slots[slot] = None
-    self._to_free.append(slot)
+  def _release(self, slot: int, handle: RequestHandle) -> None:
+    if self._slots[slot] is handle:
+      self._slots[slot] = None
+      self._to_free.append(slot)
     self.stats.requests_finished += 1
 
 

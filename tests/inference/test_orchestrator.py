@@ -7,7 +7,7 @@ import pytest
 
 from ale.chat.template import stop_token_ids
 from ale.chat.tokenizer import ByteTokenizer
-from ale.inference.engine import SamplingParams
+from ale.inference.engine import Engine, SamplingParams
 from ale.inference.orchestrator import Orchestrator, QueueFull, Request
 from tests.inference.conftest import prompt
 
@@ -40,6 +40,22 @@ async def test_results_do_not_depend_on_arrival_order(engine):
     assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     assert a.policy_versions == [0]
     assert a.text == TOK.decode([t for t in a.token_ids if t not in stop_token_ids(TOK)])
+
+
+async def test_one_slot_reused_while_the_next_step_is_in_flight(engine, tiny_model):
+  """The loop runs one step ahead: a request that finishes at step i is still in step
+  i+1, whose token must be dropped, not given to the request that takes the slot next."""
+  one = Engine(tiny_model, max_concurrent_decodes=1, max_seq_len=1024, prefill_buckets=(16, 64))
+  reqs = [r for r in requests() if len(r.prompt_ids) <= 64]
+  async with orchestrator(engine) as orch:
+    wide = await asyncio.gather(*(orch.generate(r) for r in reqs))
+  async with orchestrator(one) as orch:
+    narrow = await asyncio.gather(*(orch.generate(r) for r in reqs))
+    generated = orch.stats.generated_tokens
+  for r, a, b in zip(reqs, wide, narrow, strict=True):
+    assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
+    assert len(b.token_ids) <= r.max_tokens
+  assert generated == sum(len(c.token_ids) for c in narrow)
 
 
 async def test_a_request_arriving_mid_flight_is_served_without_waiting(engine):
