@@ -394,7 +394,9 @@ class Engine:
           tokens[r], true_len[r] = padded[i], lengths[i]
           keys[r] = np.asarray(sampling_lib.request_key(sp.seed))
           temp[r], top_p[r], top_k[r] = sp.temperature, sp.top_p, sp.top_k
-        pre = self._prefill_many_fn(self._leaves(params), tokens, true_len, keys, temp, top_p, top_k)
+        pre = self._prefill_many_fn(
+          self._leaves(params), tokens, true_len, keys, temp, top_p, top_k
+        )
         out.append((pre, list(chunk)))
     return out
 

@@ -21,7 +21,9 @@ from ale.envs.tasks import (
 SHARED = Path(
   os.environ.get("ALE_SAMPLE_TASKS", Path(__file__).resolve().parents[3] / "shared" / "tasks")
 )
-needs_shared = pytest.mark.skipif(not SHARED.is_dir() and not os.environ.get("CI"), reason=f"sample tasks not at {SHARED}")
+needs_shared = pytest.mark.skipif(
+  not SHARED.is_dir() and not os.environ.get("CI"), reason=f"sample tasks not at {SHARED}"
+)
 
 
 def test_builtin_suite_shape():

@@ -32,7 +32,9 @@ def test_builtin_suite_validates(base_image, capsys):
   assert f"{len(results)}/{len(results)} tasks valid" in out
 
 
-@pytest.mark.skipif(not SHARED.is_dir() and not os.environ.get("CI"), reason=f"sample tasks not at {SHARED}")
+@pytest.mark.skipif(
+  not SHARED.is_dir() and not os.environ.get("CI"), reason=f"sample tasks not at {SHARED}"
+)
 def test_shared_samples_validate_unmodified(base_image, capsys):
   code = main(["validate", str(SHARED / "terminal-bench-core"), str(SHARED / "harbor")])
   out = capsys.readouterr().out
