@@ -4,8 +4,11 @@ One run, one table. Same config (the `small` preset: 4 layers, 16 experts top-2,
 ~7M parameters), same batch, same loss (next-token cross-entropy + router aux loss),
 float32, and the same thread count for both frameworks (`--threads`, default all
 cores). Rows: the transformers baseline (its default experts implementation, reported),
-then ale with each dispatch: "blocked" (the CPU default of moe_impl="auto"), "ragged"
-(`jax.lax.ragged_dot`) and "dense" (all experts on all tokens).
+then ale with each dispatch: "blocked" (the CPU default of moe_impl="auto"), "bucketed"
+(per-expert capacity, no weight copies), "ragged" (`jax.lax.ragged_dot`) and "dense"
+(all experts on all tokens). The whole model is randomly initialised, and its routers
+are unbalanced (up to 3.6x the mean load on one expert); the one-block rows use a
+near-uniform router, as a router trained with the load-balancing loss tends to be.
 
 Threads: torch splits each op over `torch.set_num_threads(N)` threads. XLA:CPU runs each
 op on one thread (it only overlaps independent ops), so ale also gets a data-parallel
@@ -164,12 +167,12 @@ def main():
   if ARGS.threads > 1 and jax.device_count() >= ARGS.threads:
     fns["dp"], nparams = ale_step(cfg, "blocked", ids, devices=ARGS.threads)
     names["dp"] = f"model: ale moe_impl=blocked, data-parallel on {ARGS.threads} devices"
-  for ale_impl in ("blocked", "ragged", "dense"):
+  for ale_impl in ("blocked", "bucketed", "ragged", "dense"):
     fns[ale_impl], nparams = ale_step(cfg, ale_impl, ids)
     names[ale_impl] = f"model: ale (jax {jax.__version__}) moe_impl={ale_impl}"
-  for ale_impl in ("blocked", "ragged", "dense"):
+  for ale_impl in ("blocked", "bucketed", "ragged", "dense"):
     fns["moe_" + ale_impl] = moe_block_step(cfg, ale_impl, ntok)
-    names["moe_" + ale_impl] = f"one MoE block: moe_impl={ale_impl}"
+    names["moe_" + ale_impl] = f"one MoE block, balanced router: moe_impl={ale_impl}"
   t, cpu = interleaved(fns, ARGS.steps, ARGS.warmup)
 
   print(

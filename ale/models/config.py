@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Literal
 
-MoeImpl = Literal["auto", "ragged", "blocked", "dense"]
+MoeImpl = Literal["auto", "ragged", "blocked", "bucketed", "dense"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,6 +30,8 @@ class Qwen3MoeConfig:
       `jax.lax.ragged_dot`; "blocked" sorts the same way but pads each expert's group
       to a multiple of a block and runs one batched matmul per block (dropless; the
       fast path on XLA:CPU, where `ragged_dot` lowers to a dense masked matmul);
+      "bucketed" runs every expert at one per-expert capacity, picked per step from a
+      static ladder (dropless, no weight copies; fastest when the router is balanced);
       "dense" runs every expert on every token and masks (the test reference);
       "auto" = "blocked" on CPU, "ragged" on accelerators.
     moe_block_size: block rows for "blocked" (None: chosen from the token count).
@@ -72,9 +74,9 @@ class Qwen3MoeConfig:
       raise ValueError(
         f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts={self.num_experts}]"
       )
-    if self.moe_impl not in ("auto", "ragged", "blocked", "dense"):
+    if self.moe_impl not in ("auto", "ragged", "blocked", "bucketed", "dense"):
       raise ValueError(
-        f"moe_impl={self.moe_impl!r}; expected 'auto', 'ragged', 'blocked' or 'dense'"
+        f"moe_impl={self.moe_impl!r}; expected 'auto', 'ragged', 'blocked', 'bucketed' or 'dense'"
       )
 
   def is_moe_layer(self, layer_idx: int) -> bool:

@@ -63,7 +63,7 @@ def test_dispatch_impls_agree_with_numpy(seed, skew):
   x, routing, (wg, wu, wd) = _moe_case(seed, skew=skew)
   ref = _numpy_moe(x, routing, wg, wu, wd)
   run = jax.jit(moe.dispatch, static_argnums=(0, 6))
-  impls = ("dense", "ragged", "blocked", "gather")
+  impls = ("dense", "ragged", "blocked", "bucketed", "gather")
   outs = {impl: run(impl, x, routing, wg, wu, wd, None) for impl in impls}
   for m in (1, 4, 16):
     outs[f"blocked{m}"] = run("blocked", x, routing, wg, wu, wd, m)
@@ -80,11 +80,33 @@ def test_dispatch_gradients_agree():
 
   grads = {
     i: jax.jit(jax.grad(lambda *a, i=i: loss(i, *a), argnums=(0, 1, 2)))(x, ws, routing.weights)
-    for i in ("dense", "ragged", "blocked", "gather")
+    for i in ("dense", "ragged", "blocked", "bucketed", "gather")
   }
-  for impl in ("ragged", "blocked", "gather"):
+  for impl in ("ragged", "blocked", "bucketed", "gather"):
     for a, b in zip(jax.tree.leaves(grads[impl]), jax.tree.leaves(grads["dense"]), strict=True):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5, err_msg=impl)
+
+
+def test_bucketed_capacity_ladder_holds_any_routing():
+  """Every rung gives the same values and gradients: the balanced case runs a low rung,
+  all tokens on the same two experts the top one (capacity = every token)."""
+  levels = moe.capacity_levels(2048, 1024, 16)
+  assert levels[0] == 128 and levels[-1] == 1024 and list(levels) == sorted(set(levels))
+  assert moe.capacity_levels(4, 2, 16) == (2,)  # decode-sized: one rung, N tokens
+  x, routing, ws = _moe_case(3)
+  piled = routing._replace(
+    experts=jnp.broadcast_to(jnp.array([5, 2], jnp.int32), routing.experts.shape)
+  )
+  for r in (routing, piled):
+    ref = _numpy_moe(x, r, *ws)
+    out = jax.jit(lambda x, ws, r=r: moe.dispatch("bucketed", x, r, *ws))(x, ws)
+    np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, rtol=1e-5)
+    g_b, g_d = (
+      jax.grad(lambda ws, i=i, r=r: jnp.sum(jnp.sin(moe.dispatch(i, x, r, *ws))))(ws)
+      for i in ("bucketed", "dense")
+    )
+    for a, b in zip(jax.tree.leaves(g_b), jax.tree.leaves(g_d), strict=True):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
 
 
 def test_auto_dispatch_follows_token_count():
