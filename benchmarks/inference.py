@@ -2,7 +2,8 @@
 
 One run prints one table: greedy decode tokens/s at batch 1, 8 and 32 with 16-token
 prompts and 64 new tokens on the `small` Qwen3-MoE preset (float32, random weights,
-CPU), for
+CPU). The engine, naive recompute and transformers run interleaved, round by round,
+so a slow spell of a shared machine hits them alike. Rows:
 
 * engine  — `ale.inference.Engine`: one batched prefill of the waiting requests and
             their inserts (what the orchestrator does when requests arrive together),
@@ -50,15 +51,18 @@ def prompts(batch: int, length: int) -> np.ndarray:
   return np.random.default_rng(batch).integers(1, 256, (batch, length)).astype(np.int32)
 
 
-def bench(fn, repeats: int) -> tuple[float, np.ndarray]:
-  """Runs `fn` once to warm up (compile), then `repeats` times; the best wall time."""
-  out = fn()
-  best = float("inf")
+def bench(fns: dict, repeats: int) -> dict[str, tuple[float, np.ndarray]]:
+  """Runs each `fn` once to warm up (compile), then `repeats` interleaved rounds (one
+  call of each per round, so a slow spell of a shared machine hits all of them alike);
+  the best wall time of each."""
+  outs = {name: fn() for name, fn in fns.items()}
+  best = dict.fromkeys(fns, float("inf"))
   for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = fn()
-    best = min(best, time.perf_counter() - t0)
-  return best, out
+    for name, fn in fns.items():
+      t0 = time.perf_counter()
+      outs[name] = fn()
+      best[name] = min(best[name], time.perf_counter() - t0)
+  return {name: (best[name], outs[name]) for name in fns}
 
 
 def engine_decode(model, batch: int, plen: int, new: int):
@@ -222,38 +226,45 @@ def main() -> None:
   save_pretrained(model, tmp)
 
   rows: dict[str, dict[int, tuple[float, bool | None]]] = {}
+  eng_row = "ale engine (KV cache, continuous batching)"
+  naive_row = "(a) naive full recompute per token"
+  hf_row = None
+  if "hf" not in skip:
+    import torch  # noqa: PLC0415
+
+    hf_row = f"(b) transformers generate (torch {torch.__version__}, CPU)"
   engine_tokens = {}
-  for b in batches:
-    print(f"[engine] batch {b}", file=sys.stderr, flush=True)
-    t, toks = bench(engine_decode(model, b, plen, new), args.repeats)
-    engine_tokens[b] = toks
-    rows.setdefault("ale engine (KV cache, continuous batching)", {})[b] = (b * new / t, None)
 
   def agree(b, toks):
     return bool(np.array_equal(np.asarray(toks)[:, :new], engine_tokens[b]))
 
-  notes = []
-  if "naive" not in skip:
-    for b in batches:
-      print(f"[naive] batch {b}", file=sys.stderr, flush=True)
-      t, toks = bench(naive_decode(model, b, plen, new), args.repeats)
-      rows.setdefault("(a) naive full recompute per token", {})[b] = (b * new / t, agree(b, toks))
-  if "hf" not in skip:
-    import torch  # noqa: PLC0415
+  for b in batches:
+    print(f"[engine, naive, hf] batch {b}", file=sys.stderr, flush=True)
+    fns = {eng_row: engine_decode(model, b, plen, new)}
+    if "naive" not in skip:
+      fns[naive_row] = naive_decode(model, b, plen, new)
+    if hf_row:
+      fns[hf_row] = hf_decode(tmp, b, plen, new)
+    res = bench(fns, args.repeats)
+    engine_tokens[b] = res[eng_row][1]
+    for name, (t, toks) in res.items():
+      same = None if name == eng_row else agree(b, toks)
+      rows.setdefault(name, {})[b] = (b * new / t, same)
 
-    for b in batches:
-      print(f"[hf] batch {b}", file=sys.stderr, flush=True)
-      t, toks = bench(hf_decode(tmp, b, plen, new), args.repeats)
-      rows.setdefault(f"(b) transformers generate (torch {torch.__version__}, CPU)", {})[b] = (
-        b * new / t,
-        agree(b, toks),
-      )
+  notes = []
   if "tunix" not in skip:
     print("[tunix] running in its venv", file=sys.stderr, flush=True)
     res, why = tunix_decode(tmp, cfg.to_hf_dict(), batches, plen, new, args.repeats)
     if why:
       notes.append(f"(c) Tunix vanilla sampler: not measured — {why}")
     else:
+      if cfg.rope_theta != 1e6:
+        notes.append(
+          "(c) Tunix (0.1.7) applies RoPE with theta = 1e6 whatever the config says (its "
+          "Qwen3 attention calls apply_rope without rope_theta), so its greedy tokens differ "
+          f"at this preset's rope_theta = {cfg.rope_theta:g}; at theta = 1e6 its logits equal "
+          "ale's to 1e-6. The work per token, and so the speed, is the same."
+        )
       rows["(c) Tunix vanilla sampler (Qwen3 MoE)"] = {
         b: (b * new / t, agree(b, toks)) for b, (t, toks) in res.items()
       }
@@ -266,7 +277,7 @@ def main() -> None:
   head = f"| {'system':<52} | " + " | ".join(f"batch {b:>3}" for b in batches) + " | same tokens |"
   print(head)
   print("|" + "-" * 54 + "|" + "|".join("-" * 11 for _ in batches) + "|-------------|")
-  base = rows["ale engine (KV cache, continuous batching)"]
+  base = rows[eng_row]
   for name, vals in rows.items():
     cells = []
     for b in batches:
