@@ -5,18 +5,20 @@ One run, one table. Same config (the `small` preset: 4 layers, 16 experts top-2,
 float32, and the same thread count for both frameworks (`--threads`, default all
 cores). Rows: the transformers baseline (its default experts implementation, reported),
 then ale with each dispatch: "blocked" (the CPU default of moe_impl="auto"), "bucketed"
-(per-expert capacity, no weight copies), "ragged" (`jax.lax.ragged_dot`) and "dense"
-(all experts on all tokens). The whole model is randomly initialised, and its routers
-are unbalanced (up to 3.6x the mean load on one expert); the one-block rows use a
-near-uniform router, as a router trained with the load-balancing loss tends to be.
+(per-expert capacity plus overflow blocks), "ragged" (`jax.lax.ragged_dot`) and
+"dense" (all experts on all tokens), and ale data-parallel over N host devices. The
+whole model is randomly initialised, and its routers are unbalanced (up to 3.6x the mean
+load on one expert); the one-block rows use a near-uniform router, as a router trained
+with the load-balancing loss tends to be.
 
-Threads: torch splits each op over `torch.set_num_threads(N)` threads. XLA:CPU runs each
-op on one thread (it only overlaps independent ops), so ale also gets a data-parallel
-row: N simulated host devices (`--xla_force_host_platform_device_count=N`, one thread
-each), the batch split over a `data` mesh axis, weights replicated, the MoE dispatch per
-shard (`jax.shard_map`) -- N threads for both frameworks. Times are the median of
-interleaved rounds, wall clock and process CPU time (a shared machine: CPU time is the
-steadier of the two).
+Allocators: the memory allocator matters on CPU, in opposite directions -- XLA:CPU is
+~20% faster with tcmalloc (see `ale/runtime.py`), PyTorch slower. Each framework
+therefore runs in worker processes, one with the default (glibc) allocator and one
+with tcmalloc preloaded (when `libtcmalloc-minimal4` is installed), and the headline
+compares the best of each. The parent drives the workers round-robin, one call at a
+time, so the rows are interleaved (a slow spell of a shared machine hits all alike)
+and never run concurrently. Times are the median of the rounds, wall clock and the
+worker's CPU time.
 
     python3 benchmarks/model.py [--batch 4 --seq 256 --steps 5 --threads N]
 """
@@ -24,12 +26,12 @@ steadier of the two).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def parse():
@@ -40,51 +42,17 @@ def parse():
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--threads", type=int, default=os.cpu_count())
   p.add_argument("--preset", default="small")
+  p.add_argument("--worker", choices=("torch", "ale", "ale-blocked"), help=argparse.SUPPRESS)
   return p.parse_args()
 
 
 ARGS = parse()
-# XLA:CPU sizes its intra-op pool from the visible cores: restrict both frameworks alike.
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={ARGS.threads}")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if ARGS.threads < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
-  os.sched_setaffinity(0, set(range(ARGS.threads)))
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from flax import nnx  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from ale.models import (  # noqa: E402
-  Qwen3MoeForCausalLM,
-  batch_sharding,
-  count_params,
-  get_preset,
-  make_mesh,
-  moe,
-  shard_model,
-)
-
-
-def interleaved(fns: dict, steps: int, warmup: int) -> dict:
-  """Median seconds per call; calls are interleaved round-robin so load drift (a shared
-  machine) hits every implementation alike."""
-  for fn in fns.values():
-    for _ in range(warmup):
-      fn()
-  times = {k: [] for k in fns}
-  cpu = {k: [] for k in fns}
-  for _ in tqdm(range(steps), desc="timing rounds", leave=False):
-    for name, fn in fns.items():
-      t, c = time.perf_counter(), time.process_time()
-      fn()
-      times[name].append(time.perf_counter() - t)
-      cpu[name].append(time.process_time() - c)
-  med = statistics.median
-  return {k: med(v) for k, v in times.items()}, {k: med(v) for k, v in cpu.items()}
+if ARGS.worker:
+  # XLA:CPU sizes its intra-op pool from the visible cores: restrict both frameworks alike.
+  os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={ARGS.threads}")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  if ARGS.threads < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, set(range(ARGS.threads)))
 
 
 def moe_block_step(cfg, impl, ntok):
@@ -155,44 +123,161 @@ def torch_step(cfg, ids):
   return step, impl
 
 
-def main():
-  torch.set_num_threads(ARGS.threads)
+def worker() -> None:
+  """Builds this worker's rows, then times one named row per request on stdin."""
+  out = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol; prints go to stderr
+  sys.stdout = sys.stderr
+  global jax, jnp, np, nnx, torch, transformers
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
   cfg = get_preset(ARGS.preset)
   ids = jax.random.randint(jax.random.key(0), (ARGS.batch, ARGS.seq), 0, cfg.vocab_size, jnp.int32)
   ntok = ARGS.batch * ARGS.seq
-  fns, names = {}, {}
-  fns["torch"], impl = torch_step(cfg, ids)
-  names["torch"] = f"model: transformers {transformers.__version__} torch (experts={impl})"
-  nparams = 0
-  if ARGS.threads > 1 and jax.device_count() >= ARGS.threads:
-    fns["dp"], nparams = ale_step(cfg, "blocked", ids, devices=ARGS.threads)
-    names["dp"] = f"model: ale moe_impl=blocked, data-parallel on {ARGS.threads} devices"
-  for ale_impl in ("blocked", "bucketed", "ragged", "dense"):
-    fns[ale_impl], nparams = ale_step(cfg, ale_impl, ids)
-    names[ale_impl] = f"model: ale (jax {jax.__version__}) moe_impl={ale_impl}"
-  for ale_impl in ("blocked", "bucketed", "ragged", "dense"):
-    fns["moe_" + ale_impl] = moe_block_step(cfg, ale_impl, ntok)
-    names["moe_" + ale_impl] = f"one MoE block, balanced router: moe_impl={ale_impl}"
-  t, cpu = interleaved(fns, ARGS.steps, ARGS.warmup)
+  fns, names, nparams = {}, {}, 0
+  if ARGS.worker == "torch":
+    import torch
+    import transformers
 
-  print(
-    f"\nfwd+bwd, preset={ARGS.preset} ({nparams / 1e6:.1f}M params, {cfg.num_experts} experts "
-    f"top-{cfg.num_experts_per_tok}), batch {ARGS.batch}x{ARGS.seq} = {ntok} tokens, float32, "
-    f"{ARGS.threads} threads, median of {ARGS.steps} interleaved rounds"
-  )
-  print(
-    f"| {'what':<60} | {'ms/step':>8} | {'tokens/s':>9} | {'vs torch':>8} | {'vs dense':>8} "
-    f"| {'CPU ms':>8} |"
-  )
-  print(f"|{'-' * 62}|{'-' * 10}|{'-' * 11}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
-  for k, name in names.items():
-    dense = t["moe_dense"] if k.startswith("moe_") else t["dense"]
-    vs_torch = f"{t['torch'] / t[k]:7.2f}x" if not k.startswith("moe_") else f"{'-':>8}"
-    print(
-      f"| {name:<60} | {t[k] * 1e3:8.1f} | {ntok / t[k]:9.0f} | {vs_torch} | "
-      f"{dense / t[k]:7.2f}x | {cpu[k] * 1e3:8.1f} |"
+    torch.set_num_threads(ARGS.threads)
+    fns["torch"], impl = torch_step(cfg, ids)
+    names["torch"] = (
+      f"transformers {transformers.__version__} torch {torch.__version__} (experts={impl})"
     )
+  else:
+    impls = (
+      ("blocked",) if ARGS.worker == "ale-blocked" else ("blocked", "bucketed", "ragged", "dense")
+    )
+    for ale_impl in impls:
+      fns[ale_impl], nparams = ale_step(cfg, ale_impl, ids)
+      names[ale_impl] = f"ale (jax {jax.__version__}) moe_impl={ale_impl}"
+    if ARGS.worker == "ale":
+      if ARGS.threads > 1 and jax.device_count() >= ARGS.threads:
+        fns["dp"], nparams = ale_step(cfg, "blocked", ids, devices=ARGS.threads)
+        names["dp"] = f"ale moe_impl=blocked, data-parallel on {ARGS.threads} devices"
+      for ale_impl in ("blocked", "bucketed", "ragged", "dense"):
+        fns["moe_" + ale_impl] = moe_block_step(cfg, ale_impl, ntok)
+        names["moe_" + ale_impl] = f"one MoE block, balanced router: moe_impl={ale_impl}"
+  print(json.dumps({"names": names, "nparams": nparams}), file=out, flush=True)
+  for line in sys.stdin:
+    name = line.strip()
+    if name == "quit":
+      break
+    t, c = time.perf_counter(), time.process_time()
+    fns[name]()
+    print(json.dumps([time.perf_counter() - t, time.process_time() - c]), file=out, flush=True)
+
+
+class Worker:
+  """A benchmark worker process (`--worker KIND`), with or without tcmalloc preloaded."""
+
+  def __init__(self, kind: str, tcmalloc: str | None):
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "XLA_FLAGS")}
+    if tcmalloc:
+      env["LD_PRELOAD"] = tcmalloc
+    self.alloc = "tcmalloc" if tcmalloc else "glibc"
+    args = ["--batch", ARGS.batch, "--seq", ARGS.seq, "--threads", ARGS.threads]
+    args += ["--preset", ARGS.preset, "--worker", kind]
+    self.proc = subprocess.Popen(
+      [sys.executable, os.path.abspath(__file__), *map(str, args)],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+      env=env,
+    )
+    hello = self.proc.stdout.readline()
+    if not hello:
+      raise RuntimeError(f"benchmark worker {kind} ({self.alloc}) failed to start")
+    info = json.loads(hello)
+    self.names, self.nparams = info["names"], info["nparams"]
+
+  def time(self, name: str) -> tuple[float, float]:
+    self.proc.stdin.write(name + "\n")
+    self.proc.stdin.flush()
+    return tuple(json.loads(self.proc.stdout.readline()))
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.stdin.write("quit\n")
+      self.proc.stdin.flush()
+      self.proc.wait(timeout=60)
+
+
+def main():
+  from tqdm import tqdm
+
+  from ale import runtime
+
+  tc = runtime.tcmalloc_path()
+  allocs = [None] + ([tc] if tc else [])
+  print(f"[model bench] starting workers (tcmalloc: {tc or 'not installed'})", file=sys.stderr)
+  workers = [Worker("torch", a) for a in allocs]
+  workers += [Worker("ale-blocked", None)] + ([Worker("ale", tc)] if tc else [])
+  if not tc:  # no tcmalloc: the full ale row set with the default allocator
+    workers[-1].close()
+    workers[-1] = Worker("ale", None)
+  rows = [(w, name) for w in workers for name in w.names]
+  for w, name in rows:
+    for _ in range(ARGS.warmup):
+      w.time(name)
+  wall = {r: [] for r in rows}
+  cpu = {r: [] for r in rows}
+  for _ in tqdm(range(ARGS.steps), desc="timing rounds", leave=False):
+    for w, name in rows:
+      t, c = w.time(name)
+      wall[(w, name)].append(t)
+      cpu[(w, name)].append(c)
+  for w in workers:
+    w.close()
+  med = statistics.median
+  t = {r: med(v) for r, v in wall.items()}
+  c = {r: med(v) for r, v in cpu.items()}
+  ntok = ARGS.batch * ARGS.seq
+  nparams = max(w.nparams for w in workers)
+  torch_best = min(t[r] for r in rows if r[1] == "torch")
+  dense = {w: t[(w, "dense")] for w in workers if "dense" in w.names}
+  moe_dense = {w: t[(w, "moe_dense")] for w in workers if "moe_dense" in w.names}
+  print(
+    f"\nfwd+bwd, preset={ARGS.preset} ({nparams / 1e6:.1f}M params, 16 experts top-2), batch "
+    f"{ARGS.batch}x{ARGS.seq} = {ntok} tokens, float32, {ARGS.threads} threads, median of "
+    f"{ARGS.steps} interleaved rounds"
+  )
+  print(
+    f"| {'what':<66} | {'malloc':<8} | {'ms/step':>8} | {'tokens/s':>9} | {'vs torch':>8} "
+    f"| {'vs dense':>8} | {'CPU ms':>8} |"
+  )
+  print(f"|{'-' * 68}|{'-' * 10}|{'-' * 10}|{'-' * 11}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
+  for r in rows:
+    w, name = r
+    block = name.startswith("moe_")
+    ref = moe_dense.get(w) if block else dense.get(w)
+    vs_torch = f"{'-':>8}" if block else f"{torch_best / t[r]:7.2f}x"
+    vs_dense = f"{ref / t[r]:7.2f}x" if ref else f"{'-':>8}"
+    print(
+      f"| {w.names[name]:<66} | {w.alloc:<8} | {t[r] * 1e3:8.1f} | {ntok / t[r]:9.0f} | "
+      f"{vs_torch} | {vs_dense} | {c[r] * 1e3:8.1f} |"
+    )
+  ale_best = min(t[r] for r in rows if r[1] in ("blocked", "dp"))
+  print(
+    f"\nale (moe_impl=auto, i.e. blocked; best allocator) vs torch (best allocator): "
+    f"{torch_best / ale_best:.2f}x  ({ale_best * 1e3:.1f} vs {torch_best * 1e3:.1f} ms/step)"
+  )
 
 
 if __name__ == "__main__":
-  main()
+  if ARGS.worker:
+    from ale.models import (
+      Qwen3MoeForCausalLM,
+      batch_sharding,
+      count_params,
+      get_preset,
+      make_mesh,
+      moe,
+      shard_model,
+    )
+
+    worker()
+  else:
+    main()

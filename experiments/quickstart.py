@@ -261,4 +261,7 @@ def _plot(path: pathlib.Path, history, stages) -> None:
 
 
 if __name__ == "__main__":
+  from ale import runtime
+
+  runtime.reexec_with_tcmalloc()  # XLA:CPU steps are ~20% faster with tcmalloc
   app.run(main)

@@ -9,6 +9,12 @@ if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' >
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv python3-pip >/dev/null
 fi
+# tcmalloc: XLA:CPU training steps run ~20% faster with it (ale/runtime.py); best effort.
+if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
+  echo "[setup] installing libtcmalloc-minimal4" >&2
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+      libtcmalloc-minimal4 >/dev/null; } || echo "[setup] tcmalloc not installed (optional)" >&2
+fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 echo "[setup] installing ale[test] into .venv" >&2
 .venv/bin/python -m pip install -q -e '.[test]'

@@ -12,10 +12,10 @@ value:
   rows and run one batched matmul over `[num_blocks, m, D] x [num_blocks, D, F]` with
   each block's expert weights gathered. Dropless too; the fast path on XLA:CPU, where
   `ragged_dot` is lowered to a dense masked matmul over all groups.
-* `experts_bucketed`: sort the same way, place every expert's group in an `[E, C, D]`
-  layout at one capacity `C` (a static ladder, the rung picked per step by
-  `lax.switch`) and run batched matmuls against the expert weights as they are (no
-  weight copies). Dropless; fast when the router is balanced.
+* `experts_bucketed`: sort the same way; each expert's first `C` rows (the mean load)
+  run as one batched matmul against the expert weights as they are (no weight copies),
+  the rows past `C` in overflow blocks as in "blocked" (their count picked per step
+  from static levels by `lax.switch`). Dropless.
 * `experts_dense`: every expert on every token, combined with a `[N, E]` matrix that is
   zero off the top-k (the simple reference).
 * `experts_gather`: each assignment gathers its own expert's weights (no sort); for
@@ -276,131 +276,197 @@ def experts_blocked(x, routing: Routing, w_gate, w_up, w_down, block_size: int |
   return _combine(_take_rows(yp, dest, src), routing, n, k)
 
 
-_CAPACITY_STEPS = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+def bucket_plan(
+  num_assignments: int, num_tokens: int, num_experts: int
+) -> tuple[int, int, tuple[int, ...]]:
+  """Static shapes of `experts_bucketed`: `(capacity C, overflow block rows m, levels)`.
 
-
-def capacity_levels(num_assignments: int, num_tokens: int, num_experts: int) -> tuple[int, ...]:
-  """Static per-expert capacities of `experts_bucketed`, ascending, the last `num_tokens`.
-
-  A ladder over the mean group size `A / E` (x 1, 1.25, 1.5, 2, 3, 4, 6, 8, ...), rounded
-  up to a multiple of 8 and capped at `num_tokens` (top-k experts are distinct, so no
-  expert ever gets more than one row per token): a balanced router lands on a rung 1.25x
-  above the mean; any routing at all has a rung that holds it.
+  `C` is the mean group size `A / E` rounded up to a multiple of 8 (capped at `N`); an
+  expert's rows past `C` go to overflow blocks of `m = C / 2` rows (at least 8). `levels`
+  are the static overflow block counts, ascending from 0: 0, 1, 2, 4, ... up to the
+  worst case (`ceil(A / m) + E` blocks, or what `N - C` rows per expert allow), so any
+  routing at all fits one of them.
   """
-  mean = max(num_assignments / max(num_experts, 1), 1.0)
-  levels = {min(num_tokens, -(-math.ceil(mean * f) // 8) * 8) for f in _CAPACITY_STEPS}
-  return tuple(sorted(levels | {num_tokens}))
+  n, a, e = num_tokens, num_assignments, max(num_experts, 1)
+  cap = min(n, -(-math.ceil(a / e) // 8) * 8)
+  m = max(8, -(-(cap // 2) // 8) * 8)
+  if n <= cap:
+    return cap, m, (0,)
+  worst = min(-(-a // m) + e, e * -(-(n - cap) // m))
+  levels = [0]
+  while levels[-1] < worst:
+    levels.append(min(worst, max(1, 2 * levels[-1])))
+  return cap, m, tuple(levels)
 
 
-def _bucket_layout(group_sizes, start, cap: int, num_experts: int, a: int):
-  """Capacity layout `[E * cap]` -> sorted assignment row (`a` = empty slot)."""
+def _bucket_layout(rank, slot_e, group_sizes, start, cap, m, nbo, num_experts, a):
+  """Index maps of one overflow level (see `experts_bucketed`).
+
+  Returns `src_cap [E*C]` and `src_ov [nbo*m]` (layout row -> sorted row, `a` = empty),
+  `block_expert [nbo]`, and `out_row [A]` (sorted row -> row of the capacity rows
+  followed by the overflow rows).
+  """
   j = jnp.arange(cap, dtype=jnp.int32)[None, :]
-  src = jnp.where(j < group_sizes[:, None], start[:, None] + j, a)
-  return src.reshape(num_experts * cap)
+  src_cap = jnp.where(j < group_sizes[:, None], start[:, None] + j, a).reshape(-1)
+  over = jnp.maximum(group_sizes - cap, 0)
+  oend = jnp.cumsum(-(-over // m) * m)
+  ostart = oend - (-(-over // m) * m)
+  out_row = jnp.where(
+    rank < cap, slot_e * cap + rank, num_experts * cap + ostart[slot_e] + rank - cap
+  )
+  if not nbo:
+    return src_cap, None, None, out_row
+  p = jnp.arange(nbo * m, dtype=jnp.int32)
+  be = jnp.minimum(jnp.searchsorted(oend, p, side="right"), num_experts - 1).astype(jnp.int32)
+  r = p - ostart[be]
+  src_ov = jnp.where(r < over[be], start[be] + cap + r, a)
+  return src_cap, src_ov, be.reshape(nbo, m)[:, 0], out_row
 
 
-def _bucketed_branches(levels, num_experts: int, a: int):
-  """One forward and one backward function per capacity level (for `lax.switch`)."""
+def _bucketed_branches(cap: int, m: int, levels, num_experts: int, a: int):
+  """One forward and one backward function per overflow level (for `lax.switch`)."""
+  e = num_experts
 
-  def fwd_at(cap):
-    def fwd(xs, slot_e, rank, group_sizes, start, wg, wu, wd):
-      src = _bucket_layout(group_sizes, start, cap, num_experts, a)
-      slot = slot_e * cap + rank  # capacity slot of each sorted row
-      xc = jnp.take(xs, src, axis=0, mode="fill", fill_value=0).reshape(num_experts, cap, -1)
-      gate = jnp.einsum("ecd,edf->ecf", xc, wg)
-      up = jnp.einsum("ecd,edf->ecf", xc, wu)
-      yc = jnp.einsum("ecf,efd->ecd", _swiglu(gate, up), wd)
-      f = gate.shape[-1]
-      back = lambda t: jnp.take(t.reshape(num_experts * cap, -1), slot, axis=0, mode="clip")  # noqa: E731
-      return back(yc), back(gate).reshape(a, f), back(up).reshape(a, f)
+  def takers(src_cap, src_ov, nbo):
+    to_cap = lambda t: jnp.take(t, src_cap, axis=0, mode="fill", fill_value=0).reshape(  # noqa: E731
+      e, cap, -1
+    )
+    to_ov = lambda t: jnp.take(t, src_ov, axis=0, mode="fill", fill_value=0).reshape(  # noqa: E731
+      nbo, m, -1
+    )
+    return to_cap, to_ov
+
+  def back(parts, out_row):
+    flat = jnp.concatenate([q.reshape(-1, q.shape[-1]) for q in parts], axis=0)
+    return jnp.take(flat, out_row, axis=0, mode="clip")
+
+  def per_expert(t, block_expert):  # [nbo, ...] block sums -> [E, ...] expert sums
+    onehot = jax.nn.one_hot(block_expert, e, dtype=t.dtype)
+    return jnp.einsum("be,bx->ex", onehot, t.reshape(t.shape[0], -1)).reshape((e,) + t.shape[1:])
+
+  def fwd_at(nbo):
+    def fwd(xs, rank, slot_e, group_sizes, start, wg, wu, wd):
+      src_cap, src_ov, be, out_row = _bucket_layout(
+        rank, slot_e, group_sizes, start, cap, m, nbo, e, a
+      )
+      to_cap, to_ov = takers(src_cap, src_ov, nbo)
+      xc = to_cap(xs)
+      gs = [jnp.einsum("ecd,edf->ecf", xc, wg)]
+      us = [jnp.einsum("ecd,edf->ecf", xc, wu)]
+      ys = [jnp.einsum("ecf,efd->ecd", _swiglu(gs[0], us[0]), wd)]
+      if nbo:
+        xo = to_ov(xs)
+        wgo, wuo, wdo = (jnp.take(w, be, axis=0, mode="clip") for w in (wg, wu, wd))
+        gs.append(jnp.einsum("bmd,bdf->bmf", xo, wgo))
+        us.append(jnp.einsum("bmd,bdf->bmf", xo, wuo))
+        ys.append(jnp.einsum("bmf,bfd->bmd", _swiglu(gs[1], us[1]), wdo))
+      return back(ys, out_row), back(gs, out_row), back(us, out_row)
 
     return fwd
 
-  def bwd_at(cap):
-    def bwd(xs, gate_s, up_s, dys, slot_e, rank, group_sizes, start, wg, wu, wd):
-      src = _bucket_layout(group_sizes, start, cap, num_experts, a)
-      slot = slot_e * cap + rank
-      to_c = lambda t: jnp.take(t, src, axis=0, mode="fill", fill_value=0).reshape(  # noqa: E731
-        num_experts, cap, -1
+  def bwd_at(nbo):
+    def bwd(xs, gate_s, up_s, dys, rank, slot_e, group_sizes, start, wg, wu, wd):
+      src_cap, src_ov, be, out_row = _bucket_layout(
+        rank, slot_e, group_sizes, start, cap, m, nbo, e, a
       )
-      back = lambda t: jnp.take(t.reshape(num_experts * cap, -1), slot, axis=0, mode="clip")  # noqa: E731
+      to_cap, to_ov = takers(src_cap, src_ov, nbo)
       sig = jax.nn.sigmoid(gate_s)
       act = gate_s * sig  # silu(gate)
-      dyc = to_c(dys)
-      dwd = jnp.einsum("ecf,ecd->efd", to_c(act * up_s), dyc)
-      dh = back(jnp.einsum("ecd,efd->ecf", dyc, wd))  # [A, F]
+      h_s = act * up_s
+      dyc = to_cap(dys)
+      dwd = jnp.einsum("ecf,ecd->efd", to_cap(h_s), dyc)
+      dhs = [jnp.einsum("ecd,efd->ecf", dyc, wd)]
+      if nbo:
+        dyo = to_ov(dys)
+        wgo, wuo, wdo = (jnp.take(w, be, axis=0, mode="clip") for w in (wg, wu, wd))
+        dwd = dwd + per_expert(jnp.einsum("bmf,bmd->bfd", to_ov(h_s), dyo), be)
+        dhs.append(jnp.einsum("bmd,bfd->bmf", dyo, wdo))
+      dh = back(dhs, out_row)  # [A, F]
       dup = dh * act
       dgate = dh * up_s * sig * (1 + gate_s * (1 - sig))
-      xc, dgc, duc = to_c(xs), to_c(dgate), to_c(dup)
+      xc, dgc, duc = to_cap(xs), to_cap(dgate), to_cap(dup)
       dwg = jnp.einsum("ecd,ecf->edf", xc, dgc)
       dwu = jnp.einsum("ecd,ecf->edf", xc, duc)
-      dxc = jnp.einsum("ecf,edf->ecd", dgc, wg) + jnp.einsum("ecf,edf->ecd", duc, wu)
-      return back(dxc), dwg, dwu, dwd
+      dxs = [jnp.einsum("ecf,edf->ecd", dgc, wg) + jnp.einsum("ecf,edf->ecd", duc, wu)]
+      if nbo:
+        xo, dgo, duo = to_ov(xs), to_ov(dgate), to_ov(dup)
+        dwg = dwg + per_expert(jnp.einsum("bmd,bmf->bdf", xo, dgo), be)
+        dwu = dwu + per_expert(jnp.einsum("bmd,bmf->bdf", xo, duo), be)
+        dxs.append(jnp.einsum("bmf,bdf->bmd", dgo, wgo) + jnp.einsum("bmf,bdf->bmd", duo, wuo))
+      return back(dxs, out_row), dwg, dwu, dwd
 
     return bwd
 
-  return [fwd_at(c) for c in levels], [bwd_at(c) for c in levels]
+  return [fwd_at(n) for n in levels], [bwd_at(n) for n in levels]
 
 
-def _grouped_swiglu(xs, slot_e, rank, group_sizes, start, w_gate, w_up, w_down, levels):
-  """SwiGLU experts over expert-sorted rows `xs [A, D]` (row i belongs to expert
-  `slot_e[i]`, the `rank[i]`-th of its group), at the smallest capacity in `levels`
-  that holds the largest group (`lax.switch`, so only that rung runs). Custom VJP: the
-  residuals are fixed-size `[A, F]` sorted-row tensors whatever rung ran."""
+def _grouped_swiglu(xs, rank, slot_e, group_sizes, start, w_gate, w_up, w_down, plan):
+  """SwiGLU experts over expert-sorted rows `xs [A, D]` (row i is the `rank[i]`-th of
+  expert `slot_e[i]`'s group), at the smallest overflow level of `plan` that holds this
+  step's overflow (`lax.switch`: only that level runs). Custom VJP: the residuals are
+  fixed-size `[A, F]` sorted-row tensors whichever level ran."""
+  cap, m, levels = plan
   num_experts, a = w_gate.shape[0], xs.shape[0]
-  fwds, bwds = _bucketed_branches(levels, num_experts, a)
-  ints = (slot_e, rank, group_sizes, start)
+  fwds, bwds = _bucketed_branches(cap, m, levels, num_experts, a)
+  ints = (rank, slot_e, group_sizes, start)
 
-  def pick():
-    return jnp.searchsorted(jnp.asarray(levels, jnp.int32), jnp.max(group_sizes), side="left")
+  def pick(group_sizes):
+    blocks = jnp.sum(-(-jnp.maximum(group_sizes - cap, 0) // m))
+    return jnp.searchsorted(jnp.asarray(levels, jnp.int32), blocks, side="left")
 
+  # The index maps enter as (non-differentiable) arguments, not closures: the backward
+  # runs in another trace, where a closed-over tracer would leak.
   @jax.custom_vjp
-  def run(xs, wg, wu, wd):
-    return jax.lax.switch(pick(), fwds, xs, *ints, wg, wu, wd)[0]
+  def run(xs, wg, wu, wd, ints):
+    return jax.lax.switch(pick(ints[2]), fwds, xs, *ints, wg, wu, wd)[0]
 
-  def run_fwd(xs, wg, wu, wd):
-    ys, gate_s, up_s = jax.lax.switch(pick(), fwds, xs, *ints, wg, wu, wd)
-    return ys, (xs, gate_s, up_s, wg, wu, wd)
+  def run_fwd(xs, wg, wu, wd, ints):
+    ys, gate_s, up_s = jax.lax.switch(pick(ints[2]), fwds, xs, *ints, wg, wu, wd)
+    return ys, (xs, gate_s, up_s, wg, wu, wd, ints)
 
   def run_bwd(res, dys):
-    xs, gate_s, up_s, wg, wu, wd = res
-    return jax.lax.switch(pick(), bwds, xs, gate_s, up_s, dys, *ints, wg, wu, wd)
+    xs, gate_s, up_s, wg, wu, wd, ints = res
+    grads = jax.lax.switch(pick(ints[2]), bwds, xs, gate_s, up_s, dys, *ints, wg, wu, wd)
+    return (*grads, None)
 
   run.defvjp(run_fwd, run_bwd)
-  return run(xs, w_gate, w_up, w_down)
+  # Inside shard_map: the weights' cotangents vary over the data axes (as xs does) and
+  # xs's over the tensor axes the expert width is split over (as the weights do); the
+  # transposes of these casts are the psums of the partial gradients.
+  ws = (w_gate, w_up, w_down)
+  return run(_vary_like(xs, *ws), *(_vary_like(w, xs) for w in ws), ints)
 
 
 def experts_bucketed(x, routing: Routing, w_gate, w_up, w_down):
-  """Dropless dispatch as a dense batched matmul over a per-expert capacity, with no
-  weight copies: for balanced routers on XLA:CPU.
+  """Dropless dispatch as a per-expert capacity plus overflow blocks.
 
-  Assignments are sorted by expert and placed in an `[E, C, D]` layout, every expert
-  padded to the capacity `C`; the three projections are batched matmuls against the
-  expert weights as they are (`[E, D, F]`, nothing gathered), and the weight gradients
-  come out in that shape too. `C` is the smallest rung of `capacity_levels` that holds
-  the largest group this step (a `lax.switch` over static shapes): ~1.25x the mean for
-  a balanced router, and `N` (every token) at worst, so nothing is ever dropped.
+  Assignments are sorted by expert. Each expert's first `C` rows (`C` = the mean group
+  size, `bucket_plan`) go to an `[E, C, D]` layout multiplied by the expert weights as
+  they are (`[E, D, F]`, nothing gathered; the weight gradients come out in that shape
+  too); the rows past `C` go to overflow blocks of `m` rows, each block one expert's,
+  with that expert's weights gathered, as in "blocked". The number of overflow blocks
+  varies with the routing, so it is picked per step from static levels by `lax.switch`
+  (only the chosen level runs); the largest level covers every possible routing, so
+  nothing is ever dropped.
 
-  Its cost follows the LARGEST group, where "blocked" follows the sum of the groups, so
-  it wins when the load is balanced (one `small`-preset block, fwd+bwd, near-uniform
-  router: 19 vs 24 ms) and loses when it is not (a randomly initialised model routes up
-  to 3.6x the mean to one expert: the whole model is then ~15% slower than with
-  "blocked"). "auto" therefore keeps "blocked" on CPU; choose "bucketed" for a router
-  trained towards balance (the load-balancing loss).
+  A balanced router leaves almost nothing to the overflow, and this runs near the
+  FLOPs of the real rows with no weight copies; an unbalanced one pays the blocked
+  dispatch's price for its overflow only.
   """
   n, k = routing.experts.shape
   num_experts = w_gate.shape[0]
   a = n * k
   flat, order, group_sizes = _sort_by_expert(routing, num_experts)
+  order = order.astype(jnp.int32)
   start = jnp.cumsum(group_sizes) - group_sizes
   sorted_e = flat[order].astype(jnp.int32)
   rank = jnp.arange(a, dtype=jnp.int32) - start[sorted_e]
   inverse = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
   xa = jnp.broadcast_to(x[:, None, :], (n, k, x.shape[-1])).reshape(a, -1)  # token-major
-  xs = _take_rows(xa, order.astype(jnp.int32), inverse)
-  levels = capacity_levels(a, n, num_experts)
-  ys = _grouped_swiglu(xs, sorted_e, rank, group_sizes, start, w_gate, w_up, w_down, levels)
-  return _combine(_take_rows(ys, inverse, order.astype(jnp.int32)), routing, n, k)
+  xs = _take_rows(xa, order, inverse)
+  plan = bucket_plan(a, n, num_experts)
+  ys = _grouped_swiglu(xs, rank, sorted_e, group_sizes, start, w_gate, w_up, w_down, plan)
+  return _combine(_take_rows(ys, inverse, order), routing, n, k)
 
 
 def experts_gather(x, routing: Routing, w_gate, w_up, w_down):

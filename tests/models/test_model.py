@@ -88,11 +88,13 @@ def test_dispatch_gradients_agree():
 
 
 def test_bucketed_capacity_ladder_holds_any_routing():
-  """Every rung gives the same values and gradients: the balanced case runs a low rung,
-  all tokens on the same two experts the top one (capacity = every token)."""
-  levels = moe.capacity_levels(2048, 1024, 16)
-  assert levels[0] == 128 and levels[-1] == 1024 and list(levels) == sorted(set(levels))
-  assert moe.capacity_levels(4, 2, 16) == (2,)  # decode-sized: one rung, N tokens
+  """Values and gradients equal the dense reference at every overflow level: a mild
+  routing overflows a few blocks, all tokens on the same two experts need the largest
+  level (each of them holds every token)."""
+  cap, m, levels = moe.bucket_plan(2048, 1024, 16)  # the small preset's training step
+  assert (cap, m) == (128, 64) and levels[0] == 0 and list(levels) == sorted(set(levels))
+  assert levels[-1] >= 15 * 2 and levels[-1] <= 2048 // 64 + 16  # 2 x (1024 - 128) rows
+  assert moe.bucket_plan(4, 2, 16) == (2, 8, (0,))  # decode-sized: no overflow possible
   x, routing, ws = _moe_case(3)
   piled = routing._replace(
     experts=jnp.broadcast_to(jnp.array([5, 2], jnp.int32), routing.experts.shape)
@@ -280,13 +282,20 @@ def test_default_block_size_follows_token_count():
 
 
 @pytest.mark.parametrize(
-  "layout", [dict(fsdp=2, expert=2, tensor=2), dict(data=2, fsdp=4), dict(fsdp=2, tensor=4)]
+  "layout,impl",
+  [
+    (dict(fsdp=2, expert=2, tensor=2), "auto"),
+    (dict(data=2, fsdp=4), "auto"),
+    (dict(fsdp=2, tensor=4), "auto"),
+    (dict(data=2, fsdp=4), "bucketed"),
+    (dict(fsdp=2, tensor=4), "bucketed"),
+  ],
 )
-def test_moe_shard_map_path_equals_unsharded(layout):
+def test_moe_shard_map_path_equals_unsharded(layout, impl):
   """Under a mesh the MoE block dispatches per data shard (`jax.shard_map`, experts
   gathered, split over `tensor` when it holds the expert width): same loss, logits, aux
   and gradients as the unsharded model, padding tokens included."""
-  cfg = get_preset("tiny")
+  cfg = get_preset("tiny", moe_impl=impl)
   ids = jax.random.randint(jax.random.key(5), (8, 16), 0, 265)
   seg = jnp.ones((8, 16), jnp.int32).at[:, 12:].set(0)
 
