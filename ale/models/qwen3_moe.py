@@ -95,9 +95,14 @@ class Attention(nnx.Module):
     cfg, dt = self.cfg, self.dtype
     b, t, _ = x.shape
     r = cfg.num_attention_heads // cfg.num_key_value_heads
-    q = self.q_norm(jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dt)))
-    k = self.k_norm(jnp.einsum("btd,dgk->btgk", x, self.k_proj[...].astype(dt)))
-    v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...].astype(dt))
+    h, g, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    # Projections as plain 2-D matmuls over the flattened tokens (a few % faster on
+    # XLA:CPU than the equivalent 3-D-weight einsums, forward and backward).
+    x2 = x.reshape(b * t, -1)
+    proj = lambda w: x2 @ w[...].astype(dt).reshape(x2.shape[-1], -1)  # noqa: E731
+    q = self.q_norm(proj(self.q_proj).reshape(b, t, h, hd))
+    k = self.k_norm(proj(self.k_proj).reshape(b, t, g, hd))
+    v = proj(self.v_proj).reshape(b, t, g, hd)
     q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
 
     if cache is None:
@@ -110,7 +115,8 @@ class Attention(nnx.Module):
       keys, values = keys.astype(dt), values.astype(dt)
       mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
       o = _attend(q, keys, values, mask, r)
-    return jnp.einsum("bthk,hkd->btd", o, self.o_proj[...].astype(dt)), cache
+    out = o.reshape(b * t, h * hd) @ self.o_proj[...].astype(dt).reshape(h * hd, -1)
+    return out.reshape(b, t, -1), cache
 
 
 def _attend(
