@@ -37,22 +37,14 @@ _CANDIDATES = (
 
 
 def tcmalloc_path() -> str | None:
-  """The path of an installed tcmalloc shared library, or None."""
+  """The path (or soname) of an installed tcmalloc shared library, or None."""
   for path in _CANDIDATES:
     if os.path.exists(path):
       return path
   for name in ("tcmalloc_minimal", "tcmalloc"):
-    found = ctypes.util.find_library(name)
+    found = ctypes.util.find_library(name)  # a soname, which LD_PRELOAD resolves itself
     if found:
-      return found if os.path.isabs(found) else _resolve(found)
-  return None
-
-
-def _resolve(soname: str) -> str | None:
-  for d in ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib"):
-    for root, _, files in os.walk(d):
-      if soname in files:
-        return os.path.join(root, soname)
+      return found
   return None
 
 

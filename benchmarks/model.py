@@ -53,6 +53,21 @@ if ARGS.worker:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if ARGS.threads < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, set(range(ARGS.threads)))
+  # Only workers import the frameworks (after the settings above); the parent stays light.
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from ale.models import (
+    Qwen3MoeForCausalLM,
+    batch_sharding,
+    count_params,
+    get_preset,
+    make_mesh,
+    moe,
+    shard_model,
+  )
 
 
 def moe_block_step(cfg, impl, ntok):
@@ -101,6 +116,7 @@ def ale_step(cfg, impl, ids, devices=1):
 
 
 def torch_step(cfg, ids):
+  import torch
   from transformers import Qwen3MoeConfig as HFConfig
   from transformers import Qwen3MoeForCausalLM as HFModel
 
@@ -127,12 +143,6 @@ def worker() -> None:
   """Builds this worker's rows, then times one named row per request on stdin."""
   out = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol; prints go to stderr
   sys.stdout = sys.stderr
-  global jax, jnp, np, nnx, torch, transformers
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from flax import nnx
-
   cfg = get_preset(ARGS.preset)
   ids = jax.random.randint(jax.random.key(0), (ARGS.batch, ARGS.seq), 0, cfg.vocab_size, jnp.int32)
   ntok = ARGS.batch * ARGS.seq
@@ -214,10 +224,9 @@ def main():
   allocs = [None] + ([tc] if tc else [])
   print(f"[model bench] starting workers (tcmalloc: {tc or 'not installed'})", file=sys.stderr)
   workers = [Worker("torch", a) for a in allocs]
-  workers += [Worker("ale-blocked", None)] + ([Worker("ale", tc)] if tc else [])
-  if not tc:  # no tcmalloc: the full ale row set with the default allocator
-    workers[-1].close()
-    workers[-1] = Worker("ale", None)
+  # With tcmalloc: the default dispatch with glibc too, every row with tcmalloc; without
+  # it, every row with glibc.
+  workers += [Worker("ale-blocked", None), Worker("ale", tc)] if tc else [Worker("ale", None)]
   rows = [(w, name) for w in workers for name in w.names]
   for w, name in rows:
     for _ in range(ARGS.warmup):
@@ -268,16 +277,6 @@ def main():
 
 if __name__ == "__main__":
   if ARGS.worker:
-    from ale.models import (
-      Qwen3MoeForCausalLM,
-      batch_sharding,
-      count_params,
-      get_preset,
-      make_mesh,
-      moe,
-      shard_model,
-    )
-
     worker()
   else:
     main()

@@ -30,8 +30,8 @@ class Qwen3MoeConfig:
       `jax.lax.ragged_dot`; "blocked" sorts the same way but pads each expert's group
       to a multiple of a block and runs one batched matmul per block (dropless; the
       fast path on XLA:CPU, where `ragged_dot` lowers to a dense masked matmul);
-      "bucketed" runs every expert at one per-expert capacity, picked per step from a
-      static ladder (dropless, no weight copies; fastest when the router is balanced);
+      "bucketed" runs each expert's first mean-load rows against the weights as they
+      are and the rest in overflow blocks (dropless; fastest when the router is balanced);
       "dense" runs every expert on every token and masks (the test reference);
       "auto" = "blocked" on CPU, "ragged" on accelerators.
     moe_block_size: block rows for "blocked" (None: chosen from the token count).

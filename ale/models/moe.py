@@ -309,8 +309,9 @@ def _bucket_layout(rank, slot_e, group_sizes, start, cap, m, nbo, num_experts, a
   j = jnp.arange(cap, dtype=jnp.int32)[None, :]
   src_cap = jnp.where(j < group_sizes[:, None], start[:, None] + j, a).reshape(-1)
   over = jnp.maximum(group_sizes - cap, 0)
-  oend = jnp.cumsum(-(-over // m) * m)
-  ostart = oend - (-(-over // m) * m)
+  orows = -(-over // m) * m  # each expert's overflow, padded to whole blocks
+  oend = jnp.cumsum(orows)
+  ostart = oend - orows
   out_row = jnp.where(
     rank < cap, slot_e * cap + rank, num_experts * cap + ostart[slot_e] + rank - cap
   )
@@ -501,7 +502,8 @@ def auto_impl(num_tokens: int, k: int, num_experts: int, backend: str | None = N
 
 def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: int | None = None):
   """Runs the experts with the named implementation ("auto", "ragged", "blocked",
-  "bucketed", "dense", or the decode-sized "gather"). "auto" picks by backend and token count (`auto_impl`)."""
+  "bucketed", "dense", or the decode-sized "gather"). "auto" picks by backend and token
+  count (`auto_impl`)."""
   if impl == "auto":
     impl = auto_impl(x.shape[0], routing.experts.shape[1], w_gate.shape[0])
   if impl == "gather":

@@ -164,6 +164,9 @@ def test_update_weights_rejects_a_different_model(engine):
   with pytest.raises(ValueError, match="keep shapes and dtypes"):
     engine.update_weights(wrong, version=5)
   assert engine.version == 0
+  # The programs take weights as a flat tuple: another model's tree is refused by name.
+  with pytest.raises(ValueError, match="do not match the engine's model"):
+    engine.prefill(nnx.state(other), [1, 2, 3])
 
 
 def test_bad_prompts_are_refused(engine):
