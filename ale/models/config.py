@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Literal
 
-MoeImpl = Literal["auto", "ragged", "blocked", "bucketed", "dense"]
+MoeImpl = Literal["auto", "ragged", "blocked", "bucketed", "gmm", "dense"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -74,9 +74,9 @@ class Qwen3MoeConfig:
       raise ValueError(
         f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts={self.num_experts}]"
       )
-    if self.moe_impl not in ("auto", "ragged", "blocked", "bucketed", "dense"):
+    if self.moe_impl not in ("auto", "ragged", "blocked", "bucketed", "gmm", "dense"):
       raise ValueError(
-        f"moe_impl={self.moe_impl!r}; expected 'auto', 'ragged', 'blocked', 'bucketed' or 'dense'"
+        f"moe_impl={self.moe_impl!r}; expected 'auto', 'ragged', 'blocked', 'bucketed', 'gmm' or 'dense'"
       )
 
   def is_moe_layer(self, layer_idx: int) -> bool:

@@ -40,7 +40,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ale.models.sharding import _ACTIVE_RULES, constrain, logical_to_spec
+from ale.models import gmm as gmm_kernel
+from ale.models.sharding import _ACTIVE_RULES, constrain, logical_to_spec, vary_like
 
 
 class Routing(NamedTuple):
@@ -154,15 +155,6 @@ def default_block_size(num_assignments: int, num_experts: int, ffn: int = 128) -
   return int(min(cap, 2 ** math.floor(math.log2(per))))
 
 
-def _vary_like(a: jax.Array, *others: jax.Array) -> jax.Array:
-  """Inside `shard_map`: marks `a` as varying over the manual axes `others` vary over, so
-  a custom VJP's cotangent (which varies over them) has the type of its primal input.
-  Outside `shard_map` this is the identity."""
-  vma = lambda v: set(jax.typeof(v).manual_axis_type.varying)  # noqa: E731
-  want = set().union(*(vma(o) for o in others)) - vma(a)
-  return jax.lax.pcast(a, tuple(sorted(want)), to="varying") if want else a
-
-
 @jax.custom_vjp
 def _take_rows_vjp(a, fwd_idx, bwd_idx):
   return jnp.take(a, fwd_idx, axis=0, mode="fill", fill_value=0)
@@ -188,7 +180,7 @@ def _take_rows(a: jax.Array, fwd_idx: jax.Array, bwd_idx: jax.Array) -> jax.Arra
   then also a gather, `da[r] = dout[bwd_idx[r]]`, instead of the scatter-add XLA would
   emit for the transpose of a gather (slow on XLA:CPU).
   """
-  return _take_rows_vjp(_vary_like(a, fwd_idx, bwd_idx), fwd_idx, bwd_idx)
+  return _take_rows_vjp(vary_like(a, fwd_idx, bwd_idx), fwd_idx, bwd_idx)
 
 
 @jax.custom_vjp
@@ -213,7 +205,7 @@ _take_experts_vjp.defvjp(_take_experts_fwd, _take_experts_bwd)
 def _take_experts(w: jax.Array, block_expert: jax.Array) -> jax.Array:
   """`w[block_expert]` (`[E, ...]` -> `[nb, ...]`); the gradient sums each expert's blocks
   with a one-hot matmul instead of a scatter-add (faster on XLA:CPU)."""
-  return _take_experts_vjp(_vary_like(w, block_expert), block_expert)
+  return _take_experts_vjp(vary_like(w, block_expert), block_expert)
 
 
 def experts_blocked(x, routing: Routing, w_gate, w_up, w_down, block_size: int | None = None):
@@ -435,7 +427,7 @@ def _grouped_swiglu(xs, rank, slot_e, group_sizes, start, w_gate, w_up, w_down, 
   # xs's over the tensor axes the expert width is split over (as the weights do); the
   # transposes of these casts are the psums of the partial gradients.
   ws = (w_gate, w_up, w_down)
-  return run(_vary_like(xs, *ws), *(_vary_like(w, xs) for w in ws), ints)
+  return run(vary_like(xs, *ws), *(vary_like(w, xs) for w in ws), ints)
 
 
 def experts_bucketed(x, routing: Routing, w_gate, w_up, w_down):
@@ -470,6 +462,27 @@ def experts_bucketed(x, routing: Routing, w_gate, w_up, w_down):
   return _combine(_take_rows(ys, inverse, order), routing, n, k)
 
 
+def experts_gmm(x, routing: Routing, w_gate, w_up, w_down):
+  """Dropless dispatch with the CPU grouped-matmul kernel (`ale.models.gmm`).
+
+  Sorted as in `experts_ragged`, but each expert's rows -- exactly those, no padding and
+  no weight copies -- are multiplied by its weights with OpenBLAS over XLA's thread
+  pool, forward and backward (`gmm`/`tgmm`). Rows move between token order and sorted
+  order by gathers only (`_take_rows`).
+  """
+  n, k = routing.experts.shape
+  num_experts = w_gate.shape[0]
+  a = n * k
+  _, order, group_sizes = _sort_by_expert(routing, num_experts)
+  order = order.astype(jnp.int32)
+  inverse = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
+  xa = jnp.broadcast_to(x[:, None, :], (n, k, x.shape[-1])).reshape(a, -1)  # token-major
+  xs = _take_rows(xa, order, inverse)
+  h = _swiglu(gmm_kernel.gmm(xs, w_gate, group_sizes), gmm_kernel.gmm(xs, w_up, group_sizes))
+  ys = gmm_kernel.gmm(h, w_down, group_sizes)
+  return _combine(_take_rows(ys, inverse, order), routing, n, k)
+
+
 def experts_gather(x, routing: Routing, w_gate, w_up, w_down):
   """Decode-sized dispatch: every (token, slot) assignment gathers its own expert's
   weights (`[N*k, D, F]`) and runs one batched matrix-vector product per projection.
@@ -488,8 +501,9 @@ def experts_gather(x, routing: Routing, w_gate, w_up, w_down):
 
 # Token-count threshold of the "auto" choice on XLA:CPU, measured on the `small` preset
 # (E=16, k=2; whole decode steps, benchmarks/inference.py): per-assignment weight
-# gathers while 8*N*k <= E (a batch-1 decode step: 1.0 vs 1.2 ms), the blocked dispatch
-# above (batch 2: 0.9 vs 1.2 ms; batch 8: 2.9 vs 4.4 ms for all experts dense).
+# gathers while 8*N*k <= E (a batch-1 decode step: 1.0 vs 1.2 ms), the grouped-matmul
+# kernel above that (training steps, benchmarks/model.py: 0.74x the blocked dispatch's
+# time), or the blocked dispatch when the kernel cannot be built here.
 def auto_impl(num_tokens: int, k: int, num_experts: int, backend: str | None = None) -> str:
   """The implementation "auto" runs for `num_tokens` tokens (static under jit)."""
   backend = backend or jax.default_backend()
@@ -497,11 +511,11 @@ def auto_impl(num_tokens: int, k: int, num_experts: int, backend: str | None = N
     return "ragged"
   if 8 * num_tokens * k <= num_experts:
     return "gather"
-  return "blocked"
+  return "gmm" if gmm_kernel.available() else "blocked"
 
 
 def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: int | None = None):
-  """Runs the experts with the named implementation ("auto", "ragged", "blocked",
+  """Runs the experts with the named implementation ("auto", "ragged", "gmm", "blocked",
   "bucketed", "dense", or the decode-sized "gather"). "auto" picks by backend and token
   count (`auto_impl`)."""
   if impl == "auto":
@@ -514,10 +528,13 @@ def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: i
     return experts_blocked(x, routing, w_gate, w_up, w_down, block_size)
   if impl == "bucketed":
     return experts_bucketed(x, routing, w_gate, w_up, w_down)
+  if impl == "gmm":
+    return experts_gmm(x, routing, w_gate, w_up, w_down)
   if impl == "dense":
     return experts_dense(x, routing, w_gate, w_up, w_down)
   raise ValueError(
-    f"unknown MoE implementation {impl!r}; expected auto, ragged, blocked, bucketed, dense or gather"
+    f"unknown MoE implementation {impl!r}; expected auto, ragged, gmm, blocked, bucketed, dense "
+    "or gather"
   )
 
 

@@ -178,3 +178,12 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     return x
   spec = logical_to_spec(names, _ACTIVE_RULES[-1], mesh, x.shape)
   return jax.lax.with_sharding_constraint(x, spec)
+
+
+def vary_like(a: jax.Array, *others: jax.Array) -> jax.Array:
+  """Inside `shard_map`: marks `a` as varying over the manual axes `others` vary over, so
+  a custom VJP's cotangent (which varies over them) has the type of its primal input.
+  Outside `shard_map` this is the identity."""
+  vma = lambda v: set(jax.typeof(v).manual_axis_type.varying)  # noqa: E731
+  want = set().union(*(vma(o) for o in others)) - vma(a)
+  return jax.lax.pcast(a, tuple(sorted(want)), to="varying") if want else a
