@@ -4,9 +4,11 @@ One run, one table. Same config (the `small` preset: 4 layers, 16 experts top-2,
 ~7M parameters), same batch, same loss (next-token cross-entropy + router aux loss),
 float32, and the same thread count for both frameworks (`--threads`, default all
 cores). Rows: the transformers baseline (its default experts implementation, reported),
-then ale with each dispatch: "blocked" (the CPU default of moe_impl="auto"), "bucketed"
-(per-expert capacity plus overflow blocks), "ragged" (`jax.lax.ragged_dot`) and
-"dense" (all experts on all tokens), and ale data-parallel over N host devices. The
+then ale with each dispatch: "auto" (on CPU the grouped-matmul FFI kernel "gmm",
+`ale/models/gmm.py`, when it builds), "blocked" (block-padded batched matmuls, pure
+JAX), "bucketed" (per-expert capacity plus overflow blocks), "ragged"
+(`jax.lax.ragged_dot`) and "dense" (all experts on all tokens), and ale data-parallel
+over N host devices. The
 whole model is randomly initialised, and its routers are unbalanced (up to 3.6x the mean
 load on one expert); the one-block rows use a near-uniform router, as a router trained
 with the load-balancing loss tends to be.
@@ -42,7 +44,7 @@ def parse():
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--threads", type=int, default=os.cpu_count())
   p.add_argument("--preset", default="small")
-  p.add_argument("--worker", choices=("torch", "ale", "ale-blocked"), help=argparse.SUPPRESS)
+  p.add_argument("--worker", choices=("torch", "ale", "ale-auto"), help=argparse.SUPPRESS)
   return p.parse_args()
 
 
@@ -157,17 +159,19 @@ def worker() -> None:
       f"transformers {transformers.__version__} torch {torch.__version__} (experts={impl})"
     )
   else:
+    auto = moe.auto_impl(ntok, cfg.num_experts_per_tok, cfg.num_experts)
     impls = (
-      ("blocked",) if ARGS.worker == "ale-blocked" else ("blocked", "bucketed", "ragged", "dense")
+      ("auto",) if ARGS.worker == "ale-auto" else ("auto", "blocked", "bucketed", "ragged", "dense")
     )
     for ale_impl in impls:
       fns[ale_impl], nparams = ale_step(cfg, ale_impl, ids)
-      names[ale_impl] = f"ale (jax {jax.__version__}) moe_impl={ale_impl}"
+      shown = f"auto (= {auto})" if ale_impl == "auto" else ale_impl
+      names[ale_impl] = f"ale (jax {jax.__version__}) moe_impl={shown}"
     if ARGS.worker == "ale":
       if ARGS.threads > 1 and jax.device_count() >= ARGS.threads:
-        fns["dp"], nparams = ale_step(cfg, "blocked", ids, devices=ARGS.threads)
-        names["dp"] = f"ale moe_impl=blocked, data-parallel on {ARGS.threads} devices"
-      for ale_impl in ("blocked", "bucketed", "ragged", "dense"):
+        fns["dp"], nparams = ale_step(cfg, "auto", ids, devices=ARGS.threads)
+        names["dp"] = f"ale moe_impl=auto (= {auto}), data-parallel on {ARGS.threads} devices"
+      for ale_impl in ("gmm" if auto == "gmm" else "blocked", "bucketed", "ragged", "dense"):
         fns["moe_" + ale_impl] = moe_block_step(cfg, ale_impl, ntok)
         names["moe_" + ale_impl] = f"one MoE block, balanced router: moe_impl={ale_impl}"
   print(json.dumps({"names": names, "nparams": nparams}), file=out, flush=True)
@@ -226,7 +230,7 @@ def main():
   workers = [Worker("torch", a) for a in allocs]
   # With tcmalloc: the default dispatch with glibc too, every row with tcmalloc; without
   # it, every row with glibc.
-  workers += [Worker("ale-blocked", None), Worker("ale", tc)] if tc else [Worker("ale", None)]
+  workers += [Worker("ale-auto", None), Worker("ale", tc)] if tc else [Worker("ale", None)]
   rows = [(w, name) for w in workers for name in w.names]
   for w, name in rows:
     for _ in range(ARGS.warmup):
@@ -268,9 +272,9 @@ def main():
       f"| {w.names[name]:<66} | {w.alloc:<8} | {t[r] * 1e3:8.1f} | {ntok / t[r]:9.0f} | "
       f"{vs_torch} | {vs_dense} | {c[r] * 1e3:8.1f} |"
     )
-  ale_best = min(t[r] for r in rows if r[1] in ("blocked", "dp"))
+  ale_best = min(t[r] for r in rows if r[1] in ("auto", "dp"))
   print(
-    f"\nale (moe_impl=auto, i.e. blocked; best allocator) vs torch (best allocator): "
+    f"\nale (moe_impl=auto; best allocator and layout) vs torch (best allocator): "
     f"{torch_best / ale_best:.2f}x  ({ale_best * 1e3:.1f} vs {torch_best * 1e3:.1f} ms/step)"
   )
 

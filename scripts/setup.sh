@@ -15,9 +15,18 @@ if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
   { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
       libtcmalloc-minimal4 >/dev/null; } || echo "[setup] tcmalloc not installed (optional)" >&2
 fi
+# g++: builds the CPU grouped-matmul kernel (ale/models/gmm.py) on first use.
+if ! command -v g++ >/dev/null 2>&1; then
+  echo "[setup] installing g++" >&2
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+      g++ >/dev/null; } || echo "[setup] g++ not installed: moe_impl='auto' falls back to 'blocked'" >&2
+fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 echo "[setup] installing ale[test] into .venv" >&2
 .venv/bin/python -m pip install -q -e '.[test]'
 .venv/bin/python -c 'import ale, jax, flax; print(f"[setup] ale {ale.__version__}, jax {jax.__version__}, flax {flax.__version__}")' >&2
+# Build (and cache) the grouped-matmul kernel now rather than inside the first test.
+.venv/bin/python -c 'from ale.models import gmm; print(f"[setup] grouped-matmul kernel: {gmm.build()}")' >&2 \
+  || echo "[setup] grouped-matmul kernel not built: moe_impl='auto' falls back to 'blocked'" >&2
 
 $SUDO bash scripts/docker_up.sh

@@ -32,8 +32,11 @@ class Qwen3MoeConfig:
       fast path on XLA:CPU, where `ragged_dot` lowers to a dense masked matmul);
       "bucketed" runs each expert's first mean-load rows against the weights as they
       are and the rest in overflow blocks (dropless; fastest when the router is balanced);
-      "dense" runs every expert on every token and masks (the test reference);
-      "auto" = "blocked" on CPU, "ragged" on accelerators.
+      "gmm" sorts the same way and runs each expert's rows (exactly those) through the
+      CPU grouped-matmul kernel of `ale.models.gmm` (XLA FFI + OpenBLAS; the fastest on
+      CPU); "dense" runs every expert on every token and masks (the test reference);
+      "auto" = "gmm" on CPU ("blocked" where the kernel cannot be built; per-token weight
+      gathers for tiny decode steps), "ragged" on accelerators.
     moe_block_size: block rows for "blocked" (None: chosen from the token count).
     remat: rematerialise each decoder layer in the backward pass.
   """

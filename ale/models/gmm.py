@@ -92,9 +92,12 @@ def build() -> Path:
   logging.info("building the grouped-matmul kernel: %s", out)
   with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
     tmp_out = Path(tmp) / out.name
-    proc = subprocess.run(
-      [cxx, str(_SOURCE), "-o", str(tmp_out), *flags], capture_output=True, text=True
-    )
+    try:
+      proc = subprocess.run(
+        [cxx, str(_SOURCE), "-o", str(tmp_out), *flags], capture_output=True, text=True
+      )
+    except OSError as e:
+      raise KernelUnavailable(f"cannot run the C++ compiler {cxx!r}: {e}") from e
     if proc.returncode:
       raise KernelUnavailable(f"compiling {_SOURCE.name} failed:\n{proc.stderr[-2000:]}")
     os.replace(tmp_out, out)  # atomic: concurrent builders agree on the result
@@ -144,14 +147,16 @@ def _check(lhs, rhs, group_sizes, transpose_rhs):
 def _gmm_call(lhs, rhs, group_sizes, transpose_rhs: bool):
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   out = jax.ShapeDtypeStruct((lhs.shape[0], n), jnp.float32)
-  return jax.ffi.ffi_call("ale_gmm", out, vmap_method="sequential")(
+  y = jax.ffi.ffi_call("ale_gmm", out, vmap_method="sequential")(
     lhs, rhs, group_sizes, transpose_rhs=bool(transpose_rhs)
   )
+  return vary_like(y, lhs, rhs, group_sizes)  # under shard_map: as its inputs vary
 
 
 def _tgmm_call(lhs, rhs, group_sizes):
   out = jax.ShapeDtypeStruct((group_sizes.shape[0], lhs.shape[1], rhs.shape[1]), jnp.float32)
-  return jax.ffi.ffi_call("ale_tgmm", out, vmap_method="sequential")(lhs, rhs, group_sizes)
+  y = jax.ffi.ffi_call("ale_tgmm", out, vmap_method="sequential")(lhs, rhs, group_sizes)
+  return vary_like(y, lhs, rhs, group_sizes)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

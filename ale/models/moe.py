@@ -8,10 +8,14 @@ value:
 
 * `experts_ragged`: sort the N*k (token, expert) assignments by expert and run the
   grouped matmul `jax.lax.ragged_dot` (no capacity, nothing dropped).
+* `experts_gmm`: sort the same way and run each expert's rows, exactly those, through
+  the CPU grouped-matmul kernel (`ale.models.gmm`: an XLA FFI custom call, OpenBLAS
+  over XLA's thread pool); the fast path on XLA:CPU.
 * `experts_blocked`: sort the same way, pad each expert's group to a multiple of `m`
   rows and run one batched matmul over `[num_blocks, m, D] x [num_blocks, D, F]` with
-  each block's expert weights gathered. Dropless too; the fast path on XLA:CPU, where
-  `ragged_dot` is lowered to a dense masked matmul over all groups.
+  each block's expert weights gathered. Dropless too; pure JAX, the CPU fallback where
+  the kernel cannot be built (XLA:CPU lowers `ragged_dot` to a dense masked matmul
+  over all groups).
 * `experts_bucketed`: sort the same way; each expert's first `C` rows (the mean load)
   run as one batched matmul against the expert weights as they are (no weight copies),
   the rows past `C` in overflow blocks as in "blocked" (their count picked per step

@@ -11,6 +11,7 @@ from ale.models import (
   Qwen3MoeForCausalLM,
   batch_sharding,
   get_preset,
+  gmm,
   init_cache,
   make_mesh,
   moe,
@@ -63,7 +64,7 @@ def test_dispatch_impls_agree_with_numpy(seed, skew):
   x, routing, (wg, wu, wd) = _moe_case(seed, skew=skew)
   ref = _numpy_moe(x, routing, wg, wu, wd)
   run = jax.jit(moe.dispatch, static_argnums=(0, 6))
-  impls = ("dense", "ragged", "blocked", "bucketed", "gather")
+  impls = ("dense", "ragged", "gmm", "blocked", "bucketed", "gather")
   outs = {impl: run(impl, x, routing, wg, wu, wd, None) for impl in impls}
   for m in (1, 4, 16):
     outs[f"blocked{m}"] = run("blocked", x, routing, wg, wu, wd, m)
@@ -80,9 +81,9 @@ def test_dispatch_gradients_agree():
 
   grads = {
     i: jax.jit(jax.grad(lambda *a, i=i: loss(i, *a), argnums=(0, 1, 2)))(x, ws, routing.weights)
-    for i in ("dense", "ragged", "blocked", "bucketed", "gather")
+    for i in ("dense", "ragged", "gmm", "blocked", "bucketed", "gather")
   }
-  for impl in ("ragged", "blocked", "bucketed", "gather"):
+  for impl in ("ragged", "gmm", "blocked", "bucketed", "gather"):
     for a, b in zip(jax.tree.leaves(grads[impl]), jax.tree.leaves(grads["dense"]), strict=True):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5, err_msg=impl)
 
@@ -112,11 +113,13 @@ def test_bucketed_capacity_ladder_holds_any_routing():
 
 
 def test_auto_dispatch_follows_token_count():
-  """XLA:CPU: per-assignment weight gathers for a batch-1 decode step, the blocked
-  dispatch from batch 2 on (decode steps, prefills, training)."""
+  """XLA:CPU: per-assignment weight gathers for a batch-1 decode step, the grouped-matmul
+  kernel from batch 2 on (decode steps, prefills, training), or the blocked dispatch
+  where the kernel cannot be built."""
+  grouped = "gmm" if gmm.available() else "blocked"
   assert moe.auto_impl(1, 2, 16, "cpu") == "gather"  # batch-1 decode step
-  assert moe.auto_impl(2, 2, 16, "cpu") == "blocked"
-  assert moe.auto_impl(32, 2, 16, "cpu") == "blocked"
+  assert moe.auto_impl(2, 2, 16, "cpu") == grouped
+  assert moe.auto_impl(32, 2, 16, "cpu") == grouped
   assert moe.auto_impl(1, 2, 16, "gpu") == "ragged"
 
 
@@ -287,6 +290,8 @@ def test_default_block_size_follows_token_count():
     (dict(fsdp=2, expert=2, tensor=2), "auto"),
     (dict(data=2, fsdp=4), "auto"),
     (dict(fsdp=2, tensor=4), "auto"),
+    (dict(fsdp=2, expert=2, tensor=2), "blocked"),
+    (dict(fsdp=2, tensor=4), "blocked"),
     (dict(data=2, fsdp=4), "bucketed"),
     (dict(fsdp=2, tensor=4), "bucketed"),
   ],
