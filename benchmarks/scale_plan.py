@@ -17,11 +17,14 @@ weights all-gathered one layer at a time and kept split over `tensor`); attentio
 causal-chunked. Before that, GSPMD replicated the global-batch sort/scatter and the
 train step reported ~1.9 TB/device of temporaries.
 
-Caveat: this compiles with XLA:CPU, so the temporaries reflect the CPU lowering (the
-"blocked" expert dispatch, no flash attention, CPU fusion decisions); an accelerator
-compile of the same program differs in detail but not in the parameter/optimizer terms.
+Caveat: this compiles with XLA:CPU, so the temporaries reflect the CPU lowering (no
+flash attention, CPU fusion decisions); an accelerator compile of the same program
+differs in detail but not in the parameter/optimizer terms. The expert dispatch is the
+CPU grouped-matmul kernel by default (`--moe-impl gmm`: exact rows, like `ragged_dot` on
+an accelerator); `--moe-impl blocked` shows the pure-JAX dispatch, whose per-block
+expert weight copies dominate the temporaries.
 
-    python3 benchmarks/scale_plan.py [--layers 48 --batch 64 --seq 2048]
+    python3 benchmarks/scale_plan.py [--layers 48 --batch 64 --seq 2048 --moe-impl gmm]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from ale.models import (  # noqa: E402
   Qwen3MoeForCausalLM,
   batch_sharding,
   get_preset,
+  gmm,
   make_mesh,
   state_shardings,
 )
@@ -151,10 +155,15 @@ def main():
     "--layouts", default=",".join(LAYOUTS), help="comma-separated subset of: " + ", ".join(LAYOUTS)
   )
   p.add_argument("--no-remat", action="store_true")
+  p.add_argument("--moe-impl", default="gmm", choices=("gmm", "blocked", "bucketed"))
   args = p.parse_args()
   logging.set_verbosity(logging.INFO)
   assert jax.device_count() == 64, jax.devices()
-  over = dict(moe_impl="blocked", remat=not args.no_remat)
+  impl = args.moe_impl
+  if impl == "gmm" and not gmm.available():
+    logging.warning("the grouped-matmul kernel is unavailable here; using moe_impl='blocked'")
+    impl = "blocked"
+  over = dict(moe_impl=impl, remat=not args.no_remat)
   if args.layers:
     over["num_hidden_layers"] = args.layers
   cfg = get_preset("qwen3-30b-a3b", **over)
@@ -174,7 +183,8 @@ def main():
   print(
     f"\nqwen3-30b-a3b ({cfg.num_hidden_layers} layers, {total_params / 1e9:.1f}B params), 64 simulated "
     f"devices, global batch {args.batch}x{args.seq} tokens, params f32 / compute bf16, AdamW, "
-    f"remat={cfg.remat}; per-device GiB (XLA:CPU compiled memory analysis)"
+    f"remat={cfg.remat}, moe_impl={cfg.moe_impl}; per-device GiB (XLA:CPU compiled memory "
+    "analysis)"
   )
   hdr = (
     "layout",

@@ -1,5 +1,6 @@
 """ale.models: the Flax NNX Qwen3-MoE policy, sharding rules and HF checkpoints."""
 
+from ale.models import gmm
 from ale.models.checkpoint import from_pretrained, save_pretrained
 from ale.models.config import Qwen3MoeConfig, get_preset, list_presets
 from ale.models.logprobs import sequence_logprobs, token_logprobs_from_logits
@@ -29,6 +30,7 @@ __all__ = [
   "count_params",
   "from_pretrained",
   "get_preset",
+  "gmm",
   "init_cache",
   "list_presets",
   "logical_sharding",
