@@ -171,7 +171,8 @@ def worker() -> None:
       if ARGS.threads > 1 and jax.device_count() >= ARGS.threads:
         fns["dp"], nparams = ale_step(cfg, "auto", ids, devices=ARGS.threads)
         names["dp"] = f"ale moe_impl=auto (= {auto}), data-parallel on {ARGS.threads} devices"
-      for ale_impl in ("gmm" if auto == "gmm" else "blocked", "bucketed", "ragged", "dense"):
+      grouped = ("gmm", "blocked") if auto == "gmm" else ("blocked",)
+      for ale_impl in (*grouped, "bucketed", "ragged", "dense"):
         fns["moe_" + ale_impl] = moe_block_step(cfg, ale_impl, ntok)
         names["moe_" + ale_impl] = f"one MoE block, balanced router: moe_impl={ale_impl}"
   print(json.dumps({"names": names, "nparams": nparams}), file=out, flush=True)

@@ -35,8 +35,8 @@ class Qwen3MoeConfig:
       "gmm" sorts the same way and runs each expert's rows (exactly those) through the
       CPU grouped-matmul kernel of `ale.models.gmm` (XLA FFI + OpenBLAS; the fastest on
       CPU); "dense" runs every expert on every token and masks (the test reference);
-      "auto" = "gmm" on CPU ("blocked" where the kernel cannot be built; per-token weight
-      gathers for tiny decode steps), "ragged" on accelerators.
+      "auto" = "gmm" on CPU (where the kernel cannot be built: "blocked", or per-token
+      weight gathers for tiny decode steps), "ragged" on accelerators.
     moe_block_size: block rows for "blocked" (None: chosen from the token count).
     remat: rematerialise each decoder layer in the backward pass.
   """

@@ -23,8 +23,8 @@ value:
 * `experts_dense`: every expert on every token, combined with a `[N, E]` matrix that is
   zero off the top-k (the simple reference).
 * `experts_gather`: each assignment gathers its own expert's weights (no sort); for
-  decode-sized token counts (N*k well below E). "auto" chooses by backend and token
-  count (`auto_impl`).
+  decode-sized token counts (N*k well below E) when the kernel is unavailable. "auto"
+  chooses by backend, kernel and token count (`auto_impl`).
 
 Under a mesh (`jax.set_mesh`), `moe_block_sharded` runs the router and the dispatch per
 data shard inside `jax.shard_map` (local sort, no global scatter; expert weights
@@ -503,19 +503,20 @@ def experts_gather(x, routing: Routing, w_gate, w_up, w_down):
   return _combine(y, routing, n, k)
 
 
-# Token-count threshold of the "auto" choice on XLA:CPU, measured on the `small` preset
-# (E=16, k=2; whole decode steps, benchmarks/inference.py): per-assignment weight
-# gathers while 8*N*k <= E (a batch-1 decode step: 1.0 vs 1.2 ms), the grouped-matmul
-# kernel above that (training steps, benchmarks/model.py: 0.74x the blocked dispatch's
-# time), or the blocked dispatch when the kernel cannot be built here.
+# The "auto" choice on XLA:CPU, measured on the `small` preset (E=16, k=2): the
+# grouped-matmul kernel at every token count (training steps, benchmarks/model.py: 0.70x
+# the blocked dispatch's time; decode steps, benchmarks/inference.py: batch 1 1.3-2x
+# faster than per-assignment weight gathers, batch 8-32 1.3x faster than blocked). Where
+# the kernel cannot be built: per-assignment weight gathers while 8*N*k <= E (a batch-1
+# decode step: 1.0 vs 1.2 ms), the blocked dispatch above that.
 def auto_impl(num_tokens: int, k: int, num_experts: int, backend: str | None = None) -> str:
   """The implementation "auto" runs for `num_tokens` tokens (static under jit)."""
   backend = backend or jax.default_backend()
   if backend != "cpu":
     return "ragged"
-  if 8 * num_tokens * k <= num_experts:
-    return "gather"
-  return "gmm" if gmm_kernel.available() else "blocked"
+  if gmm_kernel.available():
+    return "gmm"
+  return "gather" if 8 * num_tokens * k <= num_experts else "blocked"
 
 
 def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: int | None = None):

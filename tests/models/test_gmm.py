@@ -11,7 +11,7 @@ import pytest
 from ale.models import gmm, make_mesh
 
 if not gmm.available():
-  if os.environ.get("CI"):
+  if os.environ.get("CI") or os.environ.get("ALE_REQUIRE_KERNEL"):
     pytest.fail("the grouped-matmul kernel must build in CI (g++ and scipy-openblas32)")
   pytest.skip(
     "the grouped-matmul kernel cannot be built here (see the log)", allow_module_level=True

@@ -113,14 +113,20 @@ def test_bucketed_capacity_ladder_holds_any_routing():
 
 
 def test_auto_dispatch_follows_token_count():
-  """XLA:CPU: per-assignment weight gathers for a batch-1 decode step, the grouped-matmul
-  kernel from batch 2 on (decode steps, prefills, training), or the blocked dispatch
-  where the kernel cannot be built."""
-  grouped = "gmm" if gmm.available() else "blocked"
-  assert moe.auto_impl(1, 2, 16, "cpu") == "gather"  # batch-1 decode step
-  assert moe.auto_impl(2, 2, 16, "cpu") == grouped
-  assert moe.auto_impl(32, 2, 16, "cpu") == grouped
+  """XLA:CPU: the grouped-matmul kernel at every token count; where it cannot be built,
+  per-assignment weight gathers for a batch-1 decode step and the blocked dispatch from
+  batch 2 on. Accelerators: ragged_dot."""
+  kernel = gmm.available()
+  assert moe.auto_impl(1, 2, 16, "cpu") == ("gmm" if kernel else "gather")  # batch-1 decode
+  assert moe.auto_impl(2, 2, 16, "cpu") == ("gmm" if kernel else "blocked")
+  assert moe.auto_impl(32, 2, 16, "cpu") == ("gmm" if kernel else "blocked")
   assert moe.auto_impl(1, 2, 16, "gpu") == "ragged"
+
+
+def test_auto_dispatch_without_the_kernel(monkeypatch):
+  monkeypatch.setattr(gmm, "available", lambda: False)
+  assert moe.auto_impl(1, 2, 16, "cpu") == "gather"
+  assert moe.auto_impl(2, 2, 16, "cpu") == "blocked"
 
 
 def test_aux_loss_formula():
