@@ -63,12 +63,19 @@ void Drain(Progress& p, const std::vector<Task>& tasks, const F& fn) {
 // Runs fn(task) for every task on the pool and the calling thread; returns when all ran.
 // A helper that starts after every task was claimed touches only the (shared) progress,
 // so `tasks` and `fn` need only outlive this call.
+//
+// Below `kMinFlopsPerHelper` multiply-adds per extra thread the work stays on the calling
+// thread: waking a pool thread costs more than a decode step's tiny products.
+constexpr int64_t kMinFlopsPerHelper = 1 << 20;
+
 template <typename F>
-void ParallelFor(ffi::ThreadPool& pool, const std::vector<Task>& tasks, const F& fn) {
+void ParallelFor(ffi::ThreadPool& pool, const std::vector<Task>& tasks, int64_t flops,
+                 const F& fn) {
   const int64_t n = static_cast<int64_t>(tasks.size());
   if (n == 0) return;
   auto progress = std::make_shared<Progress>(n);
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
+  const int64_t helpers =
+      std::min({pool.num_threads(), n - 1, flops / kMinFlopsPerHelper});
   for (int64_t h = 0; h < helpers; ++h)
     pool.Schedule([progress, &tasks, &fn] { Drain(*progress, tasks, fn); });
   Drain(*progress, tasks, fn);
@@ -119,7 +126,7 @@ ffi::Error GmmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> lhs, ffi::Buffer<
       tasks.push_back({i, off[i] + r0, off[i] + r1});
     });
   if (off[g] < m) std::memset(c + off[g] * n, 0, sizeof(float) * (m - off[g]) * n);
-  ParallelFor(pool, tasks, [&](const Task& t) {
+  ParallelFor(pool, tasks, off[g] * k * n, [&](const Task& t) {
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_rhs ? CblasTrans : CblasNoTrans,
                       t.end - t.begin, n, k, 1.0f, a + t.begin * k, k, b + t.group * k * n,
                       transpose_rhs ? k : n, 0.0f, c + t.begin * n, n);
@@ -149,7 +156,7 @@ ffi::Error TgmmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> lhs, ffi::Buffer
     // Split the K output rows so a big group spreads over threads (about 128 rows each).
     Chunks(k, 128, [&](int64_t k0, int64_t k1) { tasks.push_back({i, k0, k1}); });
   }
-  ParallelFor(pool, tasks, [&](const Task& t) {
+  ParallelFor(pool, tasks, off[g] * k * n, [&](const Task& t) {
     const int64_t rows = off[t.group + 1] - off[t.group];
     scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t.end - t.begin, n, rows, 1.0f,
                       a + off[t.group] * k + t.begin, k, b + off[t.group] * n, n, 0.0f,
