@@ -36,7 +36,8 @@ class Qwen3MoeConfig:
       CPU grouped-matmul kernel of `ale.models.gmm` (XLA FFI + OpenBLAS; the fastest on
       CPU); "dense" runs every expert on every token and masks (the test reference);
       "auto" = "gmm" on CPU (where the kernel cannot be built: "blocked", or per-token
-      weight gathers for tiny decode steps), "ragged" on accelerators.
+      weight gathers for tiny decode steps), "blocked" on GPUs (where `ragged_dot` is
+      slow: measured on an H200), "ragged" on TPUs.
     moe_block_size: block rows for "blocked" (None: chosen from the token count).
     remat: rematerialise each decoder layer in the backward pass.
   """

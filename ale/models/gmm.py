@@ -124,6 +124,12 @@ def available() -> bool:
 
 
 def _require() -> None:
+  backend = jax.default_backend()
+  if backend != "cpu":
+    raise KernelUnavailable(
+      f"the grouped-matmul kernel runs on CPU only, and the default backend is {backend!r}; "
+      "use moe_impl='auto' (= 'blocked' on GPUs, 'ragged' on TPUs)"
+    )
   with _LOCK:
     why = _load()
   if why is not None:

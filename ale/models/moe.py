@@ -24,7 +24,8 @@ value:
   zero off the top-k (the simple reference).
 * `experts_gather`: each assignment gathers its own expert's weights (no sort); for
   decode-sized token counts (N*k well below E) when the kernel is unavailable. "auto"
-  chooses by backend, kernel and token count (`auto_impl`).
+  chooses by backend, kernel and token count (`auto_impl`): "gmm" on CPU, "blocked" on
+  GPU, "ragged" on TPU.
 
 Under a mesh (`jax.set_mesh`), `moe_block_sharded` runs the router and the dispatch per
 data shard inside `jax.shard_map` (local sort, no global scatter; expert weights
@@ -509,9 +510,17 @@ def experts_gather(x, routing: Routing, w_gate, w_up, w_down):
 # faster than per-assignment weight gathers, batch 8-32 1.3x faster than blocked). Where
 # the kernel cannot be built: per-assignment weight gathers while 8*N*k <= E (a batch-1
 # decode step: 1.0 vs 1.2 ms), the blocked dispatch above that.
+#
+# On GPUs (one H200, jax 0.11.2, benchmarks/gpu_model.py) `ragged_dot` is slow: a bf16
+# fwd+bwd step of the qwen3-30b-a3b shapes cut to 2 layers took 888 ms with "ragged",
+# 132 ms with "dense" and 57 ms with "blocked" (a 1024-hidden, 64-expert model: blocked
+# 42 ms, ragged 663 ms, transformers 71 ms), so "auto" is "blocked" there. TPUs (not
+# measured here) keep `ragged_dot`, which XLA:TPU lowers to a grouped-matmul kernel.
 def auto_impl(num_tokens: int, k: int, num_experts: int, backend: str | None = None) -> str:
   """The implementation "auto" runs for `num_tokens` tokens (static under jit)."""
   backend = backend or jax.default_backend()
+  if backend in ("gpu", "cuda", "rocm"):
+    return "blocked"
   if backend != "cpu":
     return "ragged"
   if gmm_kernel.available():
