@@ -60,6 +60,15 @@ async def test_timeout_kills_process_group_and_escapees(client):
     assert (await sb.exec("echo alive")).stdout == "alive\n"
     # A background process started by a command that finishes in time is left alone.
     await sb.exec("nohup sleep 120 >/dev/null 2>&1 &")
+    # `nohup` may not have exec'd `sleep` yet when the command returns (ps then shows
+    # "[nohup]"): look again for a moment, then check it is still there.
+    for _ in range(20):
+      ps = (await sb.exec("ps -eo args")).stdout
+      if "sleep 120" in ps:
+        break
+      await asyncio.sleep(0.1)
+    assert "sleep 120" in ps, ps
+    await asyncio.sleep(0.5)
     assert "sleep 120" in (await sb.exec("ps -eo args")).stdout
 
 
