@@ -83,8 +83,12 @@ def _toolchain() -> tuple[str, list[str]]:
 def build() -> Path:
   """Compiles the kernel if it is not cached yet; returns the shared library's path."""
   cxx, flags = _toolchain()
-  src = _SOURCE.read_bytes()
-  key = hashlib.sha256(src + "\0".join([cxx, *flags]).encode()).hexdigest()[:16]
+  # The key covers the source, the toolchain and the FFI headers' contents (an upgraded
+  # jaxlib at the same path gets a fresh build).
+  ffi_api = Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api"
+  parts = [_SOURCE.read_bytes(), "\0".join([cxx, *flags]).encode()]
+  parts += [h.read_bytes() for h in sorted(ffi_api.glob("*.h"))]
+  key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
   out = _cache_dir() / f"ale_gmm-{key}.so"
   if out.exists():
     return out
