@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import hf_model, next_token_loss  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from ale.models import Qwen3MoeForCausalLM, get_preset, moe  # noqa: E402
@@ -73,26 +74,14 @@ def timed(fn, steps):
 def ale_step(cfg, ids, dtype):
   model = Qwen3MoeForCausalLM(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)
   graphdef, state = nnx.split(model)
-
-  def loss_fn(state, ids):
-    logits, aux = nnx.merge(graphdef, state)(ids)
-    lp = jax.nn.log_softmax(logits[:, :-1], -1)
-    ce = -jnp.mean(jnp.take_along_axis(lp, ids[:, 1:, None], -1))
-    return ce + cfg.router_aux_loss_coef * aux
-
-  step = jax.jit(jax.value_and_grad(loss_fn))
+  step = jax.jit(jax.value_and_grad(next_token_loss(graphdef, cfg)))
   return lambda: jax.block_until_ready(step(state, ids))
 
 
 def torch_step(cfg, ids):
   import torch
-  from transformers import Qwen3MoeConfig as HFConfig
-  from transformers import Qwen3MoeForCausalLM as HFModel
 
-  hf = HFConfig(
-    **{k: v for k, v in cfg.to_hf_dict().items() if k not in ("architectures", "model_type")}
-  )
-  model = HFModel(hf).to("cuda", torch.bfloat16).train()
+  model = hf_model(cfg).to("cuda", torch.bfloat16).train()
   x = torch.tensor(np.asarray(ids), dtype=torch.long, device="cuda")
   impl = getattr(model.config, "_experts_implementation_internal", "?")
 

@@ -59,6 +59,7 @@ if ARGS.worker:
   import jax
   import jax.numpy as jnp
   import numpy as np
+  from _common import hf_model, next_token_loss
   from flax import nnx
 
   from ale.models import (
@@ -99,14 +100,7 @@ def ale_step(cfg, impl, ids, devices=1):
     shard_model(model, mesh)
     ids = jax.device_put(ids, batch_sharding(mesh, shape=ids.shape))
   graphdef, state = nnx.split(model)
-
-  def loss_fn(state, ids):
-    logits, aux = nnx.merge(graphdef, state)(ids)
-    lp = jax.nn.log_softmax(logits[:, :-1], -1)
-    ce = -jnp.mean(jnp.take_along_axis(lp, ids[:, 1:, None], -1))
-    return ce + cfg.router_aux_loss_coef * aux
-
-  step = jax.jit(jax.value_and_grad(loss_fn))
+  step = jax.jit(jax.value_and_grad(next_token_loss(graphdef, cfg)))
   if mesh is None:
     return lambda: jax.block_until_ready(step(state, ids)), count_params(model)
 
@@ -119,13 +113,8 @@ def ale_step(cfg, impl, ids, devices=1):
 
 def torch_step(cfg, ids):
   import torch
-  from transformers import Qwen3MoeConfig as HFConfig
-  from transformers import Qwen3MoeForCausalLM as HFModel
 
-  hf_cfg = HFConfig(
-    **{k: v for k, v in cfg.to_hf_dict().items() if k not in ("architectures", "model_type")}
-  )
-  model = HFModel(hf_cfg).train()
+  model = hf_model(cfg).train()
   impl = (
     model.config._experts_implementation_internal
     if hasattr(model.config, "_experts_implementation_internal")

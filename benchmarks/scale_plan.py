@@ -20,9 +20,12 @@ train step reported ~1.9 TB/device of temporaries.
 Caveat: this compiles with XLA:CPU, so the temporaries reflect the CPU lowering (no
 flash attention, CPU fusion decisions); an accelerator compile of the same program
 differs in detail but not in the parameter/optimizer terms. The expert dispatch is the
-CPU grouped-matmul kernel by default (`--moe-impl gmm`: exact rows, like `ragged_dot` on
-an accelerator); `--moe-impl blocked` shows the pure-JAX dispatch, whose per-block
-expert weight copies dominate the temporaries.
+CPU grouped-matmul kernel by default (`--moe-impl gmm`: exact rows, no weight copies);
+`--moe-impl blocked` shows the pure-JAX dispatch. Either way the temporaries are
+dominated by the expert weights' all-gathers, which XLA:CPU's scheduler issues for all
+layers at the start of the program (so every layer's gathered copy is live at once:
+they grow linearly with `--layers`); an accelerator's latency-hiding scheduler bounds
+how many are in flight.
 
     python3 benchmarks/scale_plan.py [--layers 48 --batch 64 --seq 2048 --moe-impl gmm]
 """

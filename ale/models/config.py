@@ -28,8 +28,8 @@ class Qwen3MoeConfig:
   ale-only fields (not written to config.json):
     moe_impl: expert dispatch. "ragged" sorts tokens by expert and runs
       `jax.lax.ragged_dot`; "blocked" sorts the same way but pads each expert's group
-      to a multiple of a block and runs one batched matmul per block (dropless; the
-      fast path on XLA:CPU, where `ragged_dot` lowers to a dense masked matmul);
+      to a multiple of a block and runs one batched matmul per block (dropless; pure
+      JAX, the fast path on GPUs and the CPU fallback without the kernel below);
       "bucketed" runs each expert's first mean-load rows against the weights as they
       are and the rest in overflow blocks (dropless; fastest when the router is balanced);
       "gmm" sorts the same way and runs each expert's rows (exactly those) through the

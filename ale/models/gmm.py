@@ -116,15 +116,21 @@ def _load() -> str | None:
     jax.ffi.register_ffi_target("ale_gmm", jax.ffi.pycapsule(lib.AleGmm), platform="cpu")
     jax.ffi.register_ffi_target("ale_tgmm", jax.ffi.pycapsule(lib.AleTgmm), platform="cpu")
   except (KernelUnavailable, OSError) as e:
-    logging.warning("grouped-matmul kernel unavailable (moe_impl='auto' uses 'blocked'): %s", e)
+    logging.warning(
+      "grouped-matmul kernel unavailable (moe_impl='auto' uses the pure-JAX dispatches): %s", e
+    )
     return str(e)
   return None
 
 
+def _why_unavailable() -> str | None:
+  with _LOCK:
+    return _load()
+
+
 def available() -> bool:
   """Whether the kernel builds and loads on this machine (built once, then cached)."""
-  with _LOCK:
-    return _load() is None
+  return _why_unavailable() is None
 
 
 def _require() -> None:
@@ -134,8 +140,7 @@ def _require() -> None:
       f"the grouped-matmul kernel runs on CPU only, and the default backend is {backend!r}; "
       "use moe_impl='auto' (= 'blocked' on GPUs, 'ragged' on TPUs)"
     )
-  with _LOCK:
-    why = _load()
+  why = _why_unavailable()
   if why is not None:
     raise KernelUnavailable(f"the grouped-matmul kernel is unavailable: {why}")
 
@@ -190,7 +195,7 @@ _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 def gmm(lhs, rhs, group_sizes, transpose_rhs: bool = False):
   """Grouped matmul: rows of group g of `lhs [M, K]` times `rhs[g]` (`[G, K, N]`, or
-  `[G, N, K]` transposed with `transpose_rhs`) -> `[M, N]` in `lhs`'s dtype.
+  `[G, N, K]` transposed with `transpose_rhs`) -> `[M, N]` in the inputs' result dtype.
 
   Equal to `jax.lax.ragged_dot(lhs, rhs, group_sizes)`; differentiable in `lhs` and
   `rhs`. Raises KernelUnavailable when the kernel cannot be built here.

@@ -273,6 +273,20 @@ def experts_blocked(x, routing: Routing, w_gate, w_up, w_down, block_size: int |
   return _combine(_take_rows(yp, dest, src), routing, n, k)
 
 
+def _sorted_rows(x, routing: Routing, num_experts: int):
+  """Each (token, slot) assignment's row of `x`, in expert order: `(xs [N*k, D], flat
+  experts [N*k], order, inverse, group_sizes)`; `order` and `inverse` are the int32
+  maps between token-major and sorted rows, and the rows move by gathers only
+  (`_take_rows`), forward and backward."""
+  n, k = routing.experts.shape
+  a = n * k
+  flat, order, group_sizes = _sort_by_expert(routing, num_experts)
+  order = order.astype(jnp.int32)
+  inverse = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
+  xa = jnp.broadcast_to(x[:, None, :], (n, k, x.shape[-1])).reshape(a, -1)  # token-major
+  return _take_rows(xa, order, inverse), flat, order, inverse, group_sizes
+
+
 def bucket_plan(
   num_assignments: int, num_tokens: int, num_experts: int
 ) -> tuple[int, int, tuple[int, ...]]:
@@ -454,14 +468,10 @@ def experts_bucketed(x, routing: Routing, w_gate, w_up, w_down):
   n, k = routing.experts.shape
   num_experts = w_gate.shape[0]
   a = n * k
-  flat, order, group_sizes = _sort_by_expert(routing, num_experts)
-  order = order.astype(jnp.int32)
+  xs, flat, order, inverse, group_sizes = _sorted_rows(x, routing, num_experts)
   start = jnp.cumsum(group_sizes) - group_sizes
   sorted_e = flat[order].astype(jnp.int32)
   rank = jnp.arange(a, dtype=jnp.int32) - start[sorted_e]
-  inverse = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
-  xa = jnp.broadcast_to(x[:, None, :], (n, k, x.shape[-1])).reshape(a, -1)  # token-major
-  xs = _take_rows(xa, order, inverse)
   plan = bucket_plan(a, n, num_experts)
   ys = _grouped_swiglu(xs, rank, sorted_e, group_sizes, start, w_gate, w_up, w_down, plan)
   return _combine(_take_rows(ys, inverse, order), routing, n, k)
@@ -472,17 +482,10 @@ def experts_gmm(x, routing: Routing, w_gate, w_up, w_down):
 
   Sorted as in `experts_ragged`, but each expert's rows -- exactly those, no padding and
   no weight copies -- are multiplied by its weights with OpenBLAS over XLA's thread
-  pool, forward and backward (`gmm`/`tgmm`). Rows move between token order and sorted
-  order by gathers only (`_take_rows`).
+  pool, forward and backward (`gmm`/`tgmm`); rows move as in `_sorted_rows`.
   """
   n, k = routing.experts.shape
-  num_experts = w_gate.shape[0]
-  a = n * k
-  _, order, group_sizes = _sort_by_expert(routing, num_experts)
-  order = order.astype(jnp.int32)
-  inverse = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
-  xa = jnp.broadcast_to(x[:, None, :], (n, k, x.shape[-1])).reshape(a, -1)  # token-major
-  xs = _take_rows(xa, order, inverse)
+  xs, _, order, inverse, group_sizes = _sorted_rows(x, routing, w_gate.shape[0])
   h = _swiglu(gmm_kernel.gmm(xs, w_gate, group_sizes), gmm_kernel.gmm(xs, w_up, group_sizes))
   ys = gmm_kernel.gmm(h, w_down, group_sizes)
   return _combine(_take_rows(ys, inverse, order), routing, n, k)
@@ -530,8 +533,8 @@ def auto_impl(num_tokens: int, k: int, num_experts: int, backend: str | None = N
 
 def dispatch(impl: str, x, routing: Routing, w_gate, w_up, w_down, block_size: int | None = None):
   """Runs the experts with the named implementation ("auto", "ragged", "gmm", "blocked",
-  "bucketed", "dense", or the decode-sized "gather"). "auto" picks by backend and token
-  count (`auto_impl`)."""
+  "bucketed", "dense", or the decode-sized "gather"). "auto" picks by backend, kernel
+  and token count (`auto_impl`)."""
   if impl == "auto":
     impl = auto_impl(x.shape[0], routing.experts.shape[1], w_gate.shape[0])
   if impl == "gather":
